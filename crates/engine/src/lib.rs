@@ -1,0 +1,1 @@
+//! Sans-I/O ADB connection engine.

@@ -1,0 +1,1 @@
+//! Async drivers for the engine.

@@ -1,0 +1,2 @@
+//! oxadbd: the daemon's services and connection handling.
+pub mod services;

@@ -1,0 +1,3 @@
+//! Services a host can open on the daemon (`shell:`, `exec:`, `sync:`, forward targets).
+pub mod shell;
+pub mod sync;

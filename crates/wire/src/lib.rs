@@ -1,3 +1,9 @@
-//! ADB wire formats. No I/O: everything here turns bytes into values and back.
+//! ADB wire formats. No I/O: everything here turns bytes into values and back,
+//! so it can be unit-tested and fuzzed on its own.
+pub mod banner;
+pub mod packet;
 pub mod shell;
 pub mod sync;
+
+pub use banner::{feature, Banner, BannerError};
+pub use packet::{Command, Header, HeaderError, Packet, HEADER_LEN, MAX_PAYLOAD};

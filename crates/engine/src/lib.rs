@@ -1,1 +1,15 @@
-//! Sans-I/O ADB connection engine.
+//! Sans-I/O ADB connection engine, shared by the host and daemon roles.
+//!
+//! No sockets, no threads, no clocks: drivers (see the `oxadb-io` crate) feed
+//! packets in and take packets out, which keeps the protocol logic testable
+//! and deterministic.
+pub mod connection;
+pub mod credit;
+
+pub use connection::{
+    Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId, StreamStats,
+};
+pub use credit::AOSP_INITIAL_CREDIT;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,775 @@
+//! One ADB connection as a sans-I/O state machine, the same code for both roles.
+//!
+//! The driver feeds received packets to [`Connection::handle_packet`], moves
+//! stream data with [`Connection::write`] / [`Connection::read`], sends what
+//! [`Connection::poll_transmit`] returns and reacts to [`Connection::poll_event`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use bytes::{Bytes, BytesMut};
+use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
+use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYLOAD};
+use thiserror::Error;
+
+use crate::credit::{RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
+
+/// Which end of the connection we are. A value, never a compile-time switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Sends CNXN first and opens most streams (adb, oxadb).
+    Host,
+    /// Answers CNXN and serves streams (adbd, oxadbd).
+    Device,
+}
+
+/// A stream as named by this side (our local id on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u32);
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream {}", self.0)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub role: Role,
+    /// Our identity; its features are what we advertise (include `delayed_ack`
+    /// to offer burst mode).
+    pub banner: Banner,
+    pub version: u32,
+    pub max_payload: u32,
+    /// Credit granted per stream in delayed-ack mode (OPEN.arg1 and first OKAY).
+    pub initial_credit: u32,
+    /// Received bytes a stream may hold before its consumer reads them and
+    /// still count as flushed (plays the role of AOSP's local socket buffer).
+    pub local_buffer: usize,
+    /// Bytes a stream's writer may queue before `write` accepts no more.
+    pub send_buffer: usize,
+}
+
+impl Config {
+    pub fn new(role: Role, banner: Banner) -> Config {
+        Config {
+            role,
+            banner,
+            version: VERSION_SKIP_CHECKSUM,
+            max_payload: MAX_PAYLOAD,
+            initial_credit: AOSP_INITIAL_CREDIT,
+            local_buffer: 2 * MAX_PAYLOAD as usize,
+            send_buffer: MAX_PAYLOAD as usize,
+        }
+    }
+}
+
+/// A protocol violation by the peer: the connection must be closed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    #[error("{0} before CNXN")]
+    BeforeHandshake(Command),
+    #[error("bad CNXN banner: {0}")]
+    Banner(#[from] BannerError),
+    #[error("CNXN with max payload {0}")]
+    BadMaxPayload(u32),
+    #[error("CNXN with unsupported version {0:#010x}")]
+    BadVersion(u32),
+    #[error("payload checksum mismatch on {command}: header {expected:#x}, payload sums to {actual:#x}")]
+    Checksum {
+        command: Command,
+        expected: u32,
+        actual: u32,
+    },
+    #[error("{command} to unknown stream {id}")]
+    UnknownStream { command: Command, id: u32 },
+    #[error("{0} is not supported by this implementation")]
+    Unsupported(Command),
+}
+
+/// Misuse of a stream by the local application.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum StreamError {
+    #[error("{0} does not exist")]
+    Unknown(StreamId),
+    #[error("{0} is closed")]
+    Closed(StreamId),
+    #[error("connection is not online")]
+    Offline,
+}
+
+/// Something the driver should react to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The handshake completed.
+    Connected,
+    /// The peer wants a service; answer with [`Connection::accept`] or [`Connection::refuse`].
+    OpenRequest { id: StreamId, service: String },
+    /// Our OPEN was accepted.
+    Opened(StreamId),
+    /// Our OPEN was refused (the stream is gone).
+    Refused(StreamId),
+    /// Data arrived on the stream.
+    Readable(StreamId),
+    /// The stream can take more data from its writer.
+    Writable(StreamId),
+    /// The peer closed the stream; buffered data may still be read.
+    Closed(StreamId),
+}
+
+/// The result of [`Connection::read`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    Data(Bytes),
+    WouldBlock,
+    Eof,
+}
+
+/// What the peer told us in its CNXN, and what was negotiated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub banner: Banner,
+    pub version: u32,
+    pub max_payload: u32,
+    pub delayed_ack: bool,
+}
+
+/// Per-stream counters, for statistics and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    pub okays_sent: u64,
+    pub okays_received: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamState {
+    /// We sent OPEN and wait for OKAY or CLSE.
+    Opening,
+    /// The peer sent OPEN; the application has not answered yet.
+    AwaitingAccept,
+    Open,
+}
+
+#[derive(Debug)]
+struct Stream {
+    remote_id: u32,
+    state: StreamState,
+    send: SendCredit,
+    recv: RecvCredit,
+    /// Written by the application, not yet sent as WRTE.
+    outgoing: BytesMut,
+    /// Received, not yet read by the application.
+    incoming: VecDeque<Bytes>,
+    peer_closed: bool,
+    /// The application closed; CLSE goes out once `outgoing` is sent.
+    closing: bool,
+    writer_blocked: bool,
+    stats: StreamStats,
+}
+
+/// One connection.
+#[derive(Debug)]
+pub struct Connection {
+    config: Config,
+    peer: Option<Peer>,
+    streams: HashMap<u32, Stream>,
+    next_id: u32,
+    control: VecDeque<Packet>,
+    /// Streams that may have data to send, in round-robin order.
+    sendable: VecDeque<u32>,
+    events: VecDeque<Event>,
+    okay_scratch: Vec<Option<i32>>,
+    /// Streams we closed while our OPEN was unanswered.
+    abandoned_opens: HashSet<u32>,
+}
+
+impl Connection {
+    pub fn new(config: Config) -> Connection {
+        let mut connection = Connection {
+            config,
+            peer: None,
+            streams: HashMap::new(),
+            next_id: 1,
+            control: VecDeque::new(),
+            sendable: VecDeque::new(),
+            events: VecDeque::new(),
+            okay_scratch: Vec::new(),
+            abandoned_opens: HashSet::new(),
+        };
+        if connection.config.role == Role::Host {
+            // The host speaks first on every transport.
+            let banner = connection.config.banner.encode();
+            connection.control.push_back(Packet::new(
+                Command::Cnxn,
+                connection.config.version,
+                connection.config.max_payload,
+                banner.into_bytes(),
+            ));
+        }
+        connection
+    }
+
+    pub fn role(&self) -> Role {
+        self.config.role
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn peer(&self) -> Option<&Peer> {
+        self.peer.as_ref()
+    }
+
+    pub fn is_online(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    fn delayed_ack(&self) -> bool {
+        self.peer.as_ref().is_some_and(|p| p.delayed_ack)
+    }
+
+    /// Largest payload we accept in the next packet: ours until CNXN, the
+    /// negotiated minimum after.
+    pub fn max_incoming_payload(&self) -> u32 {
+        self.peer
+            .as_ref()
+            .map_or(self.config.max_payload, |p| p.max_payload)
+    }
+
+    fn max_outgoing_payload(&self) -> usize {
+        self.peer
+            .as_ref()
+            .map_or(self.config.max_payload, |p| p.max_payload) as usize
+    }
+
+    /// Whether payload checksums are in use: only with a protocol-v1.0 peer, and
+    /// before the handshake, when the peer's version is still unknown.
+    pub fn checksums(&self) -> bool {
+        self.peer
+            .as_ref()
+            .is_none_or(|p| p.version < VERSION_SKIP_CHECKSUM)
+    }
+
+    /// The header to put on the wire for `packet`.
+    pub fn header_for(&self, packet: &Packet) -> Header {
+        packet.header(self.checksums())
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    pub fn stream_stats(&self, id: StreamId) -> Option<StreamStats> {
+        self.streams.get(&id.0).map(|s| s.stats)
+    }
+
+    /// Ids of the streams that currently exist.
+    pub fn stream_ids(&self) -> impl Iterator<Item = StreamId> + '_ {
+        self.streams.keys().map(|&id| StreamId(id))
+    }
+
+    fn allocate_id(&mut self) -> u32 {
+        let id = self.next_id;
+        // Ids are never reused within a connection, so a late packet for a
+        // closed stream can be told from one for a stream that never existed.
+        self.next_id = self.next_id.checked_add(1).unwrap_or(1);
+        id
+    }
+
+    fn was_allocated(&self, id: u32) -> bool {
+        id != 0 && id < self.next_id
+    }
+
+    fn new_stream(&self, remote_id: u32, state: StreamState, send: SendCredit) -> Stream {
+        Stream {
+            remote_id,
+            state,
+            send,
+            recv: RecvCredit::new(self.delayed_ack(), self.config.local_buffer),
+            outgoing: BytesMut::new(),
+            incoming: VecDeque::new(),
+            peer_closed: false,
+            closing: false,
+            writer_blocked: false,
+            stats: StreamStats::default(),
+        }
+    }
+
+    /// Handles one packet from the peer. An error means the connection must be
+    /// closed (the caller logs the reason).
+    pub fn handle_packet(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
+        if self.is_online() && self.checksums() {
+            let actual = oxadb_wire::packet::payload_checksum(&payload);
+            if actual != header.data_crc32 {
+                return Err(ProtocolError::Checksum {
+                    command: header.command,
+                    expected: header.data_crc32,
+                    actual,
+                });
+            }
+        }
+        match header.command {
+            Command::Cnxn => self.on_cnxn(header, &payload),
+            // Authentication is not implemented yet: a host never sends AUTH
+            // unless asked, and STLS only answers a device's STLS.
+            Command::Auth | Command::Stls => Err(ProtocolError::Unsupported(header.command)),
+            command if !self.is_online() => Err(ProtocolError::BeforeHandshake(command)),
+            Command::Open => {
+                self.on_open(header, payload);
+                Ok(())
+            }
+            Command::Okay => self.on_okay(header, &payload),
+            Command::Wrte => self.on_wrte(header, payload),
+            Command::Clse => {
+                self.on_clse(header);
+                Ok(())
+            }
+        }
+    }
+
+    fn on_cnxn(&mut self, header: &Header, payload: &[u8]) -> Result<(), ProtocolError> {
+        let banner = Banner::parse(payload)?;
+        if header.arg0 < VERSION_CHECKSUMMED {
+            return Err(ProtocolError::BadVersion(header.arg0));
+        }
+        if header.arg1 == 0 {
+            return Err(ProtocolError::BadMaxPayload(header.arg1));
+        }
+        if self.is_online() {
+            // A second CNXN means the peer restarted its side: drop every stream.
+            self.reset_streams();
+        }
+        let peer = Peer {
+            delayed_ack: self.config.banner.has_feature(feature::DELAYED_ACK)
+                && banner.has_feature(feature::DELAYED_ACK),
+            version: header.arg0.min(self.config.version),
+            max_payload: header.arg1.min(self.config.max_payload),
+            banner,
+        };
+        tracing::debug!(
+            version = format_args!("{:#010x}", peer.version),
+            max_payload = peer.max_payload,
+            delayed_ack = peer.delayed_ack,
+            banner = %peer.banner.encode(),
+            "CNXN negotiated"
+        );
+        let reply = Packet::new(
+            Command::Cnxn,
+            peer.version,
+            peer.max_payload,
+            self.config.banner.encode().into_bytes(),
+        );
+        self.peer = Some(peer);
+        if self.config.role == Role::Device {
+            self.control.push_back(reply);
+        }
+        self.events.push_back(Event::Connected);
+        Ok(())
+    }
+
+    fn reset_streams(&mut self) {
+        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let stream = self.streams.get_mut(&id).expect("listed");
+            stream.peer_closed = true;
+            stream.outgoing.clear();
+            self.events.push_back(Event::Closed(StreamId(id)));
+        }
+        self.control.clear();
+    }
+
+    fn on_open(&mut self, header: &Header, payload: Bytes) {
+        let remote_id = header.arg0;
+        if remote_id == 0 {
+            tracing::warn!("ignoring OPEN with remote id 0");
+            return;
+        }
+        // OPEN.arg1 is the opener's initial credit for us, non-zero exactly when
+        // delayed_ack was negotiated; AOSP refuses a mismatch with CLSE.
+        if self.delayed_ack() != (header.arg1 != 0) {
+            tracing::warn!(
+                remote_id,
+                arg1 = header.arg1,
+                delayed_ack = self.delayed_ack(),
+                "refusing OPEN: arg1 does not match the negotiated delayed_ack"
+            );
+            self.control
+                .push_back(Packet::new(Command::Clse, 0, remote_id, Bytes::new()));
+            return;
+        }
+        let end = payload.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let Ok(service) = std::str::from_utf8(&payload[..end]) else {
+            tracing::warn!(remote_id, "refusing OPEN: service name is not UTF-8");
+            self.control
+                .push_back(Packet::new(Command::Clse, 0, remote_id, Bytes::new()));
+            return;
+        };
+        let service = service.to_string();
+        let send = if self.delayed_ack() {
+            SendCredit::Delayed {
+                available: i64::from(header.arg1),
+            }
+        } else {
+            SendCredit::Classic { in_flight: false }
+        };
+        let id = self.allocate_id();
+        let stream = self.new_stream(remote_id, StreamState::AwaitingAccept, send);
+        self.streams.insert(id, stream);
+        self.events.push_back(Event::OpenRequest {
+            id: StreamId(id),
+            service,
+        });
+    }
+
+    fn on_okay(&mut self, header: &Header, payload: &[u8]) -> Result<(), ProtocolError> {
+        let (remote_id, local_id) = (header.arg0, header.arg1);
+        if remote_id == 0 || local_id == 0 {
+            tracing::warn!(remote_id, local_id, "ignoring OKAY with a zero id");
+            return Ok(());
+        }
+        let acked = match payload.len() {
+            0 => None,
+            4 => Some(i32::from_le_bytes(payload.try_into().expect("4 bytes"))),
+            len => {
+                tracing::warn!(local_id, len, "ignoring OKAY with a payload that is not an i32");
+                return Ok(());
+            }
+        };
+        let delayed = self.delayed_ack();
+        let Some(stream) = self.streams.get_mut(&local_id) else {
+            if !self.was_allocated(local_id) {
+                return Err(ProtocolError::UnknownStream {
+                    command: Command::Okay,
+                    id: local_id,
+                });
+            }
+            // We gave up on this OPEN before the peer accepted it: close the
+            // peer's end too, as AOSP does. Other late OKAYs need no answer.
+            if self.abandoned_opens.remove(&local_id) {
+                self.control
+                    .push_back(Packet::new(Command::Clse, local_id, remote_id, Bytes::new()));
+            }
+            return Ok(());
+        };
+        if acked.is_some() != delayed {
+            tracing::warn!(local_id, ?acked, delayed, "OKAY payload does not match delayed_ack mode");
+        }
+        match stream.state {
+            StreamState::Opening => {
+                stream.remote_id = remote_id;
+                stream.state = StreamState::Open;
+                stream.send.on_okay(acked);
+                self.events.push_back(Event::Opened(StreamId(local_id)));
+            }
+            StreamState::Open if stream.remote_id == remote_id => {
+                stream.stats.okays_received += 1;
+                stream.send.on_okay(acked);
+            }
+            _ => {
+                tracing::warn!(local_id, remote_id, "ignoring OKAY with a mismatched remote id");
+                return Ok(());
+            }
+        }
+        // Writers are only ever blocked by a full send buffer, which drains in
+        // `poll_transmit`; credit just decides whether queued data may go out.
+        if stream.send.can_send() && !stream.outgoing.is_empty() {
+            self.sendable.push_back(local_id);
+        }
+        Ok(())
+    }
+
+    fn on_wrte(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
+        let (remote_id, local_id) = (header.arg0, header.arg1);
+        let Some(stream) = self.streams.get_mut(&local_id) else {
+            if self.was_allocated(local_id) {
+                // Data in flight when we closed the stream; nothing to deliver it to.
+                return Ok(());
+            }
+            return Err(ProtocolError::UnknownStream {
+                command: Command::Wrte,
+                id: local_id,
+            });
+        };
+        if stream.state != StreamState::Open || stream.remote_id != remote_id || stream.peer_closed
+        {
+            tracing::warn!(local_id, remote_id, "ignoring WRTE for a stream not open with that peer id");
+            return Ok(());
+        }
+        let len = payload.len();
+        stream.stats.bytes_received += len as u64;
+        stream.stats.packets_received += 1;
+        stream.recv.on_received(len);
+        if len > 0 {
+            stream.incoming.push_back(payload);
+        }
+        self.queue_okays(local_id);
+        self.events.push_back(Event::Readable(StreamId(local_id)));
+        Ok(())
+    }
+
+    fn on_clse(&mut self, header: &Header) {
+        let (remote_id, local_id) = (header.arg0, header.arg1);
+        let Some(stream) = self.streams.get_mut(&local_id) else {
+            return;
+        };
+        // CLSE(0, id) refuses our OPEN; otherwise the remote id must match.
+        match stream.state {
+            StreamState::Opening => {
+                self.streams.remove(&local_id);
+                self.events.push_back(Event::Refused(StreamId(local_id)));
+            }
+            _ if remote_id != 0 && remote_id != stream.remote_id => {
+                tracing::warn!(local_id, remote_id, "ignoring CLSE with a mismatched remote id");
+            }
+            _ => {
+                stream.outgoing.clear();
+                stream.peer_closed = true;
+                let reply = (!stream.closing).then(|| {
+                    // AOSP answers a CLSE with its own when the local side closes.
+                    Packet::new(Command::Clse, local_id, stream.remote_id, Bytes::new())
+                });
+                if stream.closing {
+                    self.streams.remove(&local_id);
+                } else {
+                    self.events.push_back(Event::Closed(StreamId(local_id)));
+                }
+                self.control.extend(reply);
+            }
+        }
+    }
+
+    fn queue_okays(&mut self, local_id: u32) {
+        let Some(stream) = self.streams.get_mut(&local_id) else {
+            return;
+        };
+        if stream.peer_closed || stream.closing {
+            return;
+        }
+        self.okay_scratch.clear();
+        stream.recv.take_okays(&mut self.okay_scratch);
+        for acked in self.okay_scratch.drain(..) {
+            stream.stats.okays_sent += 1;
+            let payload = acked.map_or(Bytes::new(), |n| Bytes::copy_from_slice(&n.to_le_bytes()));
+            self.control.push_back(Packet::new(
+                Command::Okay,
+                local_id,
+                stream.remote_id,
+                payload,
+            ));
+        }
+    }
+
+    /// Opens a stream to `service` (e.g. `shell,v2,raw:ls`). The result arrives
+    /// as [`Event::Opened`] or [`Event::Refused`].
+    pub fn open(&mut self, service: &str) -> Result<StreamId, StreamError> {
+        if !self.is_online() {
+            return Err(StreamError::Offline);
+        }
+        let delayed = self.delayed_ack();
+        let id = self.allocate_id();
+        // The credit the peer may use on this stream travels in OPEN.arg1 only
+        // with delayed_ack; the peer's grant for us arrives in its OKAY.
+        let (arg1, send) = if delayed {
+            (self.config.initial_credit, SendCredit::Delayed { available: 0 })
+        } else {
+            (0, SendCredit::Classic { in_flight: false })
+        };
+        let stream = self.new_stream(0, StreamState::Opening, send);
+        self.streams.insert(id, stream);
+        let mut name = service.as_bytes().to_vec();
+        name.push(0);
+        self.control
+            .push_back(Packet::new(Command::Open, id, arg1, name));
+        Ok(StreamId(id))
+    }
+
+    /// Accepts a stream the peer opened.
+    pub fn accept(&mut self, id: StreamId) -> Result<(), StreamError> {
+        let delayed = self.delayed_ack();
+        let initial_credit = self.config.initial_credit;
+        let stream = self.streams.get_mut(&id.0).ok_or(StreamError::Unknown(id))?;
+        if stream.state != StreamState::AwaitingAccept {
+            return Err(StreamError::Unknown(id));
+        }
+        stream.state = StreamState::Open;
+        if !stream.outgoing.is_empty() {
+            self.sendable.push_back(id.0);
+        }
+        let payload = if delayed {
+            Bytes::copy_from_slice(&(initial_credit as i32).to_le_bytes())
+        } else {
+            Bytes::new()
+        };
+        self.control
+            .push_back(Packet::new(Command::Okay, id.0, stream.remote_id, payload));
+        Ok(())
+    }
+
+    /// Refuses a stream the peer opened.
+    pub fn refuse(&mut self, id: StreamId) -> Result<(), StreamError> {
+        match self.streams.get(&id.0) {
+            Some(stream) if stream.state == StreamState::AwaitingAccept => {
+                let remote_id = stream.remote_id;
+                self.streams.remove(&id.0);
+                self.control
+                    .push_back(Packet::new(Command::Clse, 0, remote_id, Bytes::new()));
+                Ok(())
+            }
+            _ => Err(StreamError::Unknown(id)),
+        }
+    }
+
+    /// Queues data for the stream; returns how much was taken (0: wait for
+    /// [`Event::Writable`]).
+    pub fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
+        let limit = self.config.send_buffer;
+        let stream = self.streams.get_mut(&id.0).ok_or(StreamError::Unknown(id))?;
+        if stream.peer_closed || stream.closing {
+            return Err(StreamError::Closed(id));
+        }
+        let room = limit.saturating_sub(stream.outgoing.len());
+        let taken = room.min(data.len());
+        if taken < data.len() {
+            stream.writer_blocked = true;
+        }
+        if taken > 0 {
+            let was_empty = stream.outgoing.is_empty();
+            stream.outgoing.extend_from_slice(&data[..taken]);
+            if was_empty && stream.state == StreamState::Open {
+                self.sendable.push_back(id.0);
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Takes received data for the application, up to `max` bytes.
+    pub fn read(&mut self, id: StreamId, max: usize) -> Result<Read, StreamError> {
+        let stream = self.streams.get_mut(&id.0).ok_or(StreamError::Unknown(id))?;
+        let Some(front) = stream.incoming.front_mut() else {
+            return Ok(if stream.peer_closed {
+                Read::Eof
+            } else {
+                Read::WouldBlock
+            });
+        };
+        let chunk = if front.len() <= max {
+            stream.incoming.pop_front().expect("front exists")
+        } else {
+            front.split_to(max)
+        };
+        stream.recv.on_consumed(chunk.len());
+        self.queue_okays(id.0);
+        Ok(Read::Data(chunk))
+    }
+
+    /// Bytes received on the stream and not yet read.
+    pub fn readable_bytes(&self, id: StreamId) -> usize {
+        self.streams.get(&id.0).map_or(0, |s| s.recv.buffered())
+    }
+
+    /// Whether the stream can take more data right now.
+    pub fn is_writable(&self, id: StreamId) -> bool {
+        self.streams
+            .get(&id.0)
+            .is_some_and(|s| s.outgoing.len() < self.config.send_buffer)
+    }
+
+    /// Whether the peer has closed the stream (or it no longer exists).
+    pub fn is_closed(&self, id: StreamId) -> bool {
+        self.streams.get(&id.0).is_none_or(|s| s.peer_closed)
+    }
+
+    /// Closes the stream from our side: queued data is sent first, then CLSE.
+    pub fn close(&mut self, id: StreamId) {
+        let Some(stream) = self.streams.get_mut(&id.0) else {
+            return;
+        };
+        match stream.state {
+            _ if stream.peer_closed => {
+                self.streams.remove(&id.0);
+            }
+            StreamState::AwaitingAccept => {
+                let _ = self.refuse(id);
+            }
+            // CLSE goes out if the OKAY arrives (see `on_okay` for unknown streams).
+            StreamState::Opening => {
+                self.streams.remove(&id.0);
+                self.abandoned_opens.insert(id.0);
+            }
+            StreamState::Open => {
+                stream.closing = true;
+                if stream.outgoing.is_empty() {
+                    self.finish_close(id.0);
+                }
+            }
+        }
+    }
+
+    fn finish_close(&mut self, local_id: u32) {
+        if let Some(stream) = self.streams.remove(&local_id) {
+            tracing::debug!(
+                local_id,
+                remote_id = stream.remote_id,
+                stats = ?stream.stats,
+                "stream closed"
+            );
+            self.control.push_back(Packet::new(
+                Command::Clse,
+                local_id,
+                stream.remote_id,
+                Bytes::new(),
+            ));
+        }
+    }
+
+    /// The next packet to send, if any. Control packets (handshake, OKAY, CLSE)
+    /// go first so acknowledgements are never stuck behind bulk data.
+    pub fn poll_transmit(&mut self) -> Option<Packet> {
+        if let Some(packet) = self.control.pop_front() {
+            return Some(packet);
+        }
+        let max_payload = self.max_outgoing_payload();
+        while let Some(local_id) = self.sendable.pop_front() {
+            let send_buffer = self.config.send_buffer;
+            let Some(stream) = self.streams.get_mut(&local_id) else {
+                continue;
+            };
+            if stream.state != StreamState::Open
+                || stream.outgoing.is_empty()
+                || !stream.send.can_send()
+                || stream.peer_closed
+            {
+                continue;
+            }
+            let len = stream.outgoing.len().min(max_payload);
+            let payload = stream.outgoing.split_to(len).freeze();
+            stream.send.on_sent(len);
+            stream.stats.bytes_sent += len as u64;
+            stream.stats.packets_sent += 1;
+            let packet = Packet::new(Command::Wrte, local_id, stream.remote_id, payload);
+            let more = !stream.outgoing.is_empty() && stream.send.can_send();
+            if stream.writer_blocked && stream.outgoing.len() < send_buffer {
+                stream.writer_blocked = false;
+                self.events.push_back(Event::Writable(StreamId(local_id)));
+            }
+            if stream.outgoing.is_empty() && stream.closing {
+                self.finish_close(local_id);
+            } else if more {
+                // Round robin: the stream goes to the back so others get a turn.
+                self.sendable.push_back(local_id);
+            }
+            return Some(packet);
+        }
+        None
+    }
+
+    /// Whether [`Connection::poll_transmit`] would return a packet.
+    pub fn has_transmit(&self) -> bool {
+        !self.control.is_empty() || !self.sendable.is_empty()
+    }
+}

@@ -1,0 +1,352 @@
+//! Engine tests: two engines wired back to back, no I/O.
+
+use bytes::Bytes;
+use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
+use oxadb_wire::{feature, Banner, Command, Header, Packet, HEADER_LEN};
+
+use crate::*;
+
+fn banner(kind: &str, delayed_ack: bool) -> Banner {
+    let mut banner = Banner::new(kind);
+    banner.features.push(feature::SHELL_V2.into());
+    if delayed_ack {
+        banner.features.push(feature::DELAYED_ACK.into());
+    }
+    banner
+}
+
+fn config(role: Role, delayed_ack: bool) -> Config {
+    let kind = if role == Role::Host { "host" } else { "device" };
+    Config::new(role, banner(kind, delayed_ack))
+}
+
+/// Sends a packet through the real header codec, as a driver would.
+fn deliver(to: &mut Connection, from: &Connection, packet: &Packet) -> Result<(), ProtocolError> {
+    let raw: [u8; HEADER_LEN] = from.header_for(packet).encode();
+    let header = Header::decode(&raw, to.max_incoming_payload()).expect("valid header");
+    to.handle_packet(&header, packet.payload.clone())
+}
+
+struct Pair {
+    host: Connection,
+    device: Connection,
+    /// Every packet that crossed, host to device and device to host.
+    to_device: Vec<Packet>,
+    to_host: Vec<Packet>,
+}
+
+impl Pair {
+    fn new(host: Config, device: Config) -> Pair {
+        let mut pair = Pair {
+            host: Connection::new(host),
+            device: Connection::new(device),
+            to_device: Vec::new(),
+            to_host: Vec::new(),
+        };
+        pair.drive();
+        assert!(pair.host.is_online() && pair.device.is_online());
+        assert_eq!(pair.host.poll_event(), Some(Event::Connected));
+        assert_eq!(pair.device.poll_event(), Some(Event::Connected));
+        pair
+    }
+
+    /// Moves packets both ways until both sides are quiet.
+    fn drive(&mut self) {
+        loop {
+            let mut moved = false;
+            while let Some(packet) = self.host.poll_transmit() {
+                deliver(&mut self.device, &self.host, &packet).unwrap();
+                self.to_device.push(packet);
+                moved = true;
+            }
+            while let Some(packet) = self.device.poll_transmit() {
+                deliver(&mut self.host, &self.device, &packet).unwrap();
+                self.to_host.push(packet);
+                moved = true;
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+
+    /// Host opens `service`, device accepts; returns (host id, device id).
+    fn open(&mut self, service: &str) -> (StreamId, StreamId) {
+        let host_id = self.host.open(service).unwrap();
+        self.drive();
+        let Some(Event::OpenRequest { id, service: got }) = self.device.poll_event() else {
+            panic!("no OpenRequest");
+        };
+        assert_eq!(got, service);
+        self.device.accept(id).unwrap();
+        self.drive();
+        assert_eq!(self.host.poll_event(), Some(Event::Opened(host_id)));
+        (host_id, id)
+    }
+}
+
+fn read_all(connection: &mut Connection, id: StreamId) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Read::Data(chunk) = connection.read(id, usize::MAX).unwrap() {
+        out.extend_from_slice(&chunk);
+    }
+    out
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[test]
+fn handshake_negotiates_minimums_and_features() {
+    let mut host = config(Role::Host, true);
+    host.max_payload = 256 * 1024;
+    let pair = Pair::new(host, config(Role::Device, true));
+    for side in [&pair.host, &pair.device] {
+        let peer = side.peer().unwrap();
+        assert_eq!(peer.max_payload, 256 * 1024);
+        assert_eq!(peer.version, VERSION_SKIP_CHECKSUM);
+        assert!(peer.delayed_ack);
+    }
+    assert_eq!(pair.device.peer().unwrap().banner.kind, "host");
+    assert!(pair.host.peer().unwrap().banner.has_feature("shell_v2"));
+    // Only the host speaks first; the device answers with one CNXN.
+    assert_eq!(pair.to_device.len(), 1);
+    assert_eq!(pair.to_host.len(), 1);
+    assert_eq!(pair.to_host[0].command, Command::Cnxn);
+}
+
+#[test]
+fn delayed_ack_needs_both_sides() {
+    let pair = Pair::new(config(Role::Host, false), config(Role::Device, true));
+    assert!(!pair.device.peer().unwrap().delayed_ack);
+    assert!(!pair.host.peer().unwrap().delayed_ack);
+}
+
+#[test]
+fn classic_stream_keeps_one_packet_in_flight() {
+    let mut host_config = config(Role::Host, false);
+    host_config.max_payload = 4096;
+    let mut device_config = config(Role::Device, false);
+    // Consumer never reads until the end: acks must still come one per packet
+    // while the local buffer has room, then stop.
+    device_config.local_buffer = 16 * 1024;
+    let mut pair = Pair::new(host_config, device_config);
+    let (host_id, device_id) = pair.open("exec:cat");
+    assert!(pair.to_device.last().unwrap().arg1 == 0, "classic OPEN.arg1 is 0");
+    assert!(pair.to_host.last().unwrap().payload.is_empty(), "classic OKAY is empty");
+
+    let data = pattern(64 * 1024);
+    let mut written = 0;
+    let mut received = Vec::new();
+    let mut rounds = 0;
+    while received.len() < data.len() {
+        rounds += 1;
+        assert!(rounds < 1000, "stalled");
+        written += pair.host.write(host_id, &data[written..]).unwrap();
+        // One step: the host may emit at most one WRTE before the next OKAY.
+        let mut wrtes = 0;
+        while let Some(packet) = pair.host.poll_transmit() {
+            if packet.command == Command::Wrte {
+                wrtes += 1;
+            }
+            deliver(&mut pair.device, &pair.host, &packet).unwrap();
+        }
+        assert!(wrtes <= 1, "classic mode sent {wrtes} WRTEs without an OKAY");
+        if pair.device.readable_bytes(device_id) >= 16 * 1024 || wrtes == 0 {
+            received.extend(read_all(&mut pair.device, device_id));
+        }
+        while let Some(packet) = pair.device.poll_transmit() {
+            deliver(&mut pair.host, &pair.device, &packet).unwrap();
+        }
+    }
+    assert_eq!(received, data);
+    let stats = pair.device.stream_stats(device_id).unwrap();
+    assert_eq!(stats.packets_received, 16);
+    assert_eq!(stats.okays_sent, 16, "one OKAY per WRTE in classic mode");
+}
+
+#[test]
+fn delayed_ack_grants_credit_and_stops_at_zero() {
+    let mut host_config = config(Role::Host, true);
+    host_config.max_payload = 64 * 1024;
+    host_config.initial_credit = 1024 * 1024;
+    let mut device_config = config(Role::Device, true);
+    device_config.initial_credit = 100 * 1024;
+    device_config.local_buffer = 0;
+    host_config.send_buffer = 4 * 1024 * 1024;
+    let mut pair = Pair::new(host_config, device_config);
+    let (host_id, device_id) = pair.open("sync:");
+    let open = pair.to_device.iter().find(|p| p.command == Command::Open).unwrap();
+    assert_eq!(open.arg1, 1024 * 1024, "OPEN.arg1 carries the opener's credit");
+    let okay = pair.to_host.last().unwrap();
+    assert_eq!(okay.command, Command::Okay);
+    assert_eq!(okay.payload.as_ref(), &(100 * 1024i32).to_le_bytes());
+
+    let data = pattern(1024 * 1024);
+    assert_eq!(pair.host.write(host_id, &data).unwrap(), data.len());
+    let mut burst = Vec::new();
+    while let Some(packet) = pair.host.poll_transmit() {
+        burst.push(packet);
+    }
+    // 100 KiB of credit: 64 KiB, then 64 KiB more (one packet of overshoot), then stop.
+    assert_eq!(burst.len(), 2);
+    for packet in &burst {
+        deliver(&mut pair.device, &pair.host, packet).unwrap();
+    }
+    assert_eq!(pair.device.poll_transmit(), None, "consumer has not read: no credit back");
+    let chunk = match pair.device.read(device_id, 10_000).unwrap() {
+        Read::Data(chunk) => chunk,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(chunk.len(), 10_000);
+    let okay = pair.device.poll_transmit().unwrap();
+    assert_eq!(okay.command, Command::Okay);
+    assert_eq!(okay.payload.as_ref(), &10_000i32.to_le_bytes());
+    deliver(&mut pair.host, &pair.device, &okay).unwrap();
+    // Credit is 100K - 128K + 10K = -18K: still blocked.
+    assert_eq!(pair.host.poll_transmit(), None);
+
+    let mut received = chunk.to_vec();
+    let mut rounds = 0;
+    while received.len() < data.len() {
+        rounds += 1;
+        assert!(rounds < 1000, "stalled");
+        received.extend(read_all(&mut pair.device, device_id));
+        pair.drive();
+    }
+    assert_eq!(received, data);
+}
+
+#[test]
+fn open_arg1_must_match_delayed_ack() {
+    let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));
+    let open = Packet::new(Command::Open, 77, 0, &b"shell:\0"[..]);
+    deliver(&mut pair.device, &pair.host, &open).unwrap();
+    assert_eq!(pair.device.poll_event(), None);
+    let refusal = pair.device.poll_transmit().unwrap();
+    assert_eq!((refusal.command, refusal.arg0, refusal.arg1), (Command::Clse, 0, 77));
+
+    let mut classic = Pair::new(config(Role::Host, false), config(Role::Device, true));
+    let open = Packet::new(Command::Open, 5, 4096, &b"shell:\0"[..]);
+    deliver(&mut classic.device, &classic.host, &open).unwrap();
+    let refusal = classic.device.poll_transmit().unwrap();
+    assert_eq!((refusal.command, refusal.arg1), (Command::Clse, 5));
+}
+
+#[test]
+fn refused_open_reaches_the_opener() {
+    let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));
+    let host_id = pair.host.open("nonsense:").unwrap();
+    pair.drive();
+    let Some(Event::OpenRequest { id, .. }) = pair.device.poll_event() else {
+        panic!()
+    };
+    pair.device.refuse(id).unwrap();
+    pair.drive();
+    assert_eq!(pair.host.poll_event(), Some(Event::Refused(host_id)));
+    assert!(pair.host.write(host_id, b"x").is_err());
+}
+
+#[test]
+fn peer_close_keeps_buffered_data_then_eof() {
+    let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));
+    let (host_id, device_id) = pair.open("exec:true");
+    pair.device.write(device_id, b"last words").unwrap();
+    pair.device.close(device_id);
+    pair.drive();
+    // Data is sent before the CLSE, and the host answers CLSE with CLSE (as AOSP).
+    let commands: Vec<Command> = pair.to_host.iter().rev().take(2).map(|p| p.command).collect();
+    assert_eq!(commands, vec![Command::Clse, Command::Wrte]);
+    assert_eq!(pair.to_device.last().unwrap().command, Command::Clse);
+    let events: Vec<Event> = std::iter::from_fn(|| pair.host.poll_event()).collect();
+    assert!(events.contains(&Event::Closed(host_id)));
+    assert_eq!(read_all(&mut pair.host, host_id), b"last words");
+    assert_eq!(pair.host.read(host_id, 10).unwrap(), Read::Eof);
+    assert_eq!(pair.host.write(host_id, b"x"), Err(StreamError::Closed(host_id)));
+    pair.host.close(host_id);
+    pair.drive();
+    assert_eq!(pair.host.stream_ids().count(), 0);
+    assert_eq!(pair.device.stream_ids().count(), 0);
+}
+
+#[test]
+fn late_packets_for_closed_streams_are_ignored() {
+    let mut pair = Pair::new(config(Role::Host, false), config(Role::Device, false));
+    let (host_id, device_id) = pair.open("shell:");
+    pair.device.close(device_id);
+    // A WRTE the host sent before seeing the CLSE must not kill the connection.
+    let late = Packet::new(Command::Wrte, host_id.0, device_id.0, &b"late"[..]);
+    deliver(&mut pair.device, &pair.host, &late).unwrap();
+}
+
+#[test]
+fn hostile_packets_are_protocol_errors() {
+    let mut device = Connection::new(config(Role::Device, true));
+    let open = Packet::new(Command::Open, 1, 0, &b"shell:\0"[..]);
+    let header = open.header(false);
+    assert_eq!(
+        device.handle_packet(&header, open.payload.clone()),
+        Err(ProtocolError::BeforeHandshake(Command::Open))
+    );
+
+    let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));
+    let wrte = Packet::new(Command::Wrte, 1, 999, &b"x"[..]);
+    assert_eq!(
+        deliver(&mut pair.device, &pair.host, &wrte),
+        Err(ProtocolError::UnknownStream {
+            command: Command::Wrte,
+            id: 999
+        })
+    );
+    let cnxn = Packet::new(Command::Cnxn, VERSION_SKIP_CHECKSUM, 4096, &b"garbage"[..]);
+    assert!(matches!(
+        pair.device.handle_packet(&cnxn.header(false), cnxn.payload.clone()),
+        Err(ProtocolError::Banner(_))
+    ));
+}
+
+#[test]
+fn checksums_are_used_with_version_1_0_peers() {
+    let mut host = config(Role::Host, false);
+    host.version = VERSION_CHECKSUMMED;
+    let mut pair = Pair::new(host, config(Role::Device, false));
+    assert!(pair.device.checksums());
+    let (host_id, device_id) = pair.open("exec:cat");
+    let mut bad = Packet::new(Command::Wrte, host_id.0, device_id.0, &b"abc"[..]).header(true);
+    bad.data_crc32 += 1;
+    assert!(matches!(
+        pair.device.handle_packet(&bad, Bytes::from_static(b"abc")),
+        Err(ProtocolError::Checksum { .. })
+    ));
+    pair.host.write(host_id, b"abc").unwrap();
+    pair.drive();
+    assert_eq!(read_all(&mut pair.device, device_id), b"abc");
+}
+
+#[test]
+fn many_streams_share_the_connection_fairly() {
+    let mut host_config = config(Role::Host, true);
+    host_config.max_payload = 4096;
+    let mut pair = Pair::new(host_config, config(Role::Device, true));
+    let streams: Vec<(StreamId, StreamId)> = (0..8).map(|i| pair.open(&format!("exec:{i}"))).collect();
+    for (host_id, _) in &streams {
+        pair.host.write(*host_id, &pattern(4096 * 3)).unwrap();
+    }
+    // The first 8 WRTEs go to 8 different streams (round robin).
+    let first: Vec<u32> = (0..8)
+        .map(|_| {
+            let packet = pair.host.poll_transmit().unwrap();
+            deliver(&mut pair.device, &pair.host, &packet).unwrap();
+            packet.arg0
+        })
+        .collect();
+    let mut sorted = first.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 8, "{first:?}");
+    pair.drive();
+    for (_, device_id) in &streams {
+        assert_eq!(read_all(&mut pair.device, *device_id), pattern(4096 * 3));
+    }
+}

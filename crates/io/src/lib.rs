@@ -1,1 +1,619 @@
-//! Async drivers for the engine.
+//! Async drivers that run an [`oxadb_engine::Connection`] over a byte transport
+//! (TCP today), and [`AdbStream`], one ADB stream as `AsyncRead + AsyncWrite`.
+//!
+//! The engine sits behind one mutex shared by a reader task (socket to engine),
+//! a writer task (engine to socket) and the stream handles, the shape quinn uses:
+//! protocol logic stays in the engine, this crate only moves bytes and wakes tasks.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use oxadb_engine::{Config, Event, Read, Role, StreamId};
+use oxadb_wire::{Header, HEADER_LEN};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::Notify;
+
+pub use oxadb_engine::{Peer, StreamStats};
+
+/// Why a connection ended.
+#[derive(Debug, Error, Clone)]
+pub enum ConnectionError {
+    #[error("peer closed the connection")]
+    PeerClosed,
+    #[error("truncated packet header ({0} of 24 bytes) before EOF")]
+    TruncatedHeader(usize),
+    #[error("truncated payload of {command}: EOF after {got} of {expected} bytes")]
+    TruncatedPayload {
+        command: oxadb_wire::Command,
+        got: usize,
+        expected: usize,
+    },
+    #[error("{0}")]
+    Header(#[from] oxadb_wire::HeaderError),
+    #[error("{0}")]
+    Protocol(#[from] oxadb_engine::ProtocolError),
+    #[error("I/O error: {0}")]
+    Io(Arc<io::Error>),
+    #[error("connection closed locally")]
+    Closed,
+}
+
+impl From<io::Error> for ConnectionError {
+    fn from(error: io::Error) -> Self {
+        ConnectionError::Io(Arc::new(error))
+    }
+}
+
+impl ConnectionError {
+    /// Whether this is a normal end rather than a fault.
+    pub fn is_clean(&self) -> bool {
+        matches!(self, ConnectionError::PeerClosed | ConnectionError::Closed)
+    }
+}
+
+#[derive(Default)]
+struct StreamWakers {
+    read: Option<Waker>,
+    write: Option<Waker>,
+    open: Option<Waker>,
+    /// Result of our OPEN: `Some(true)` accepted, `Some(false)` refused.
+    opened: Option<bool>,
+}
+
+struct State {
+    engine: oxadb_engine::Connection,
+    streams: HashMap<StreamId, StreamWakers>,
+    incoming: VecDeque<(StreamId, String)>,
+    incoming_waker: Option<Waker>,
+    connected_waker: Option<Waker>,
+    closed: Option<ConnectionError>,
+}
+
+impl State {
+    /// Turns engine events into task wake-ups.
+    fn dispatch_events(&mut self) {
+        while let Some(event) = self.engine.poll_event() {
+            match event {
+                Event::Connected => {
+                    if let Some(waker) = self.connected_waker.take() {
+                        waker.wake();
+                    }
+                }
+                Event::OpenRequest { id, service } => {
+                    self.incoming.push_back((id, service));
+                    if let Some(waker) = self.incoming_waker.take() {
+                        waker.wake();
+                    }
+                }
+                Event::Opened(id) | Event::Refused(id) => {
+                    let wakers = self.streams.entry(id).or_default();
+                    wakers.opened = Some(matches!(event, Event::Opened(_)));
+                    wake(&mut wakers.open);
+                    wake(&mut wakers.write);
+                }
+                Event::Readable(id) => {
+                    if let Some(wakers) = self.streams.get_mut(&id) {
+                        wake(&mut wakers.read);
+                    }
+                }
+                Event::Writable(id) => {
+                    if let Some(wakers) = self.streams.get_mut(&id) {
+                        wake(&mut wakers.write);
+                    }
+                }
+                Event::Closed(id) => {
+                    if let Some(wakers) = self.streams.get_mut(&id) {
+                        wake(&mut wakers.read);
+                        wake(&mut wakers.write);
+                    }
+                }
+            }
+        }
+    }
+
+    fn shut(&mut self, error: ConnectionError) {
+        if self.closed.is_none() {
+            self.closed = Some(error);
+        }
+        for wakers in self.streams.values_mut() {
+            wake(&mut wakers.read);
+            wake(&mut wakers.write);
+            wake(&mut wakers.open);
+        }
+        wake(&mut self.incoming_waker);
+        wake(&mut self.connected_waker);
+    }
+}
+
+fn wake(slot: &mut Option<Waker>) {
+    if let Some(waker) = slot.take() {
+        waker.wake();
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the writer task when the engine may have packets to send.
+    transmit: Notify,
+    /// Wakes the reader task when the connection is closed locally.
+    close_requested: Notify,
+    label: String,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn after_engine_call(&self, state: &mut State) {
+        state.dispatch_events();
+        if state.engine.has_transmit() {
+            self.transmit.notify_one();
+        }
+    }
+}
+
+/// A running connection. Cheap to clone; the connection ends when the peer
+/// goes away, on a protocol error, or when [`Connection::close`] is called.
+#[derive(Clone)]
+pub struct Connection {
+    shared: Arc<Shared>,
+}
+
+/// A stream the peer asked to open, waiting for [`Incoming::accept`] or [`Incoming::refuse`].
+pub struct Incoming {
+    shared: Arc<Shared>,
+    id: StreamId,
+    service: String,
+    answered: bool,
+}
+
+impl Incoming {
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    pub fn accept(mut self) -> AdbStream {
+        self.answered = true;
+        let mut state = self.shared.lock();
+        state.streams.entry(self.id).or_default();
+        // Can only fail if the connection was reset meanwhile; the stream then reads EOF.
+        let _ = state.engine.accept(self.id);
+        self.shared.after_engine_call(&mut state);
+        drop(state);
+        AdbStream {
+            shared: self.shared.clone(),
+            id: self.id,
+        }
+    }
+
+    pub fn refuse(mut self) {
+        self.answered = true;
+        let mut state = self.shared.lock();
+        let _ = state.engine.refuse(self.id);
+        self.shared.after_engine_call(&mut state);
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if !self.answered {
+            let mut state = self.shared.lock();
+            let _ = state.engine.refuse(self.id);
+            self.shared.after_engine_call(&mut state);
+        }
+    }
+}
+
+impl Connection {
+    /// Starts driving `config`'s engine over `reader`/`writer`. Returns the
+    /// handle and a future that completes when the connection ends (spawn it).
+    pub fn start<R, W>(
+        reader: R,
+        writer: W,
+        config: Config,
+        label: impl Into<String>,
+    ) -> (Connection, impl std::future::Future<Output = ConnectionError>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let engine = oxadb_engine::Connection::new(config);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                engine,
+                streams: HashMap::new(),
+                incoming: VecDeque::new(),
+                incoming_waker: None,
+                connected_waker: None,
+                closed: None,
+            }),
+            transmit: Notify::new(),
+            close_requested: Notify::new(),
+            label: label.into(),
+        });
+        if shared.lock().engine.has_transmit() {
+            shared.transmit.notify_one();
+        }
+        let connection = Connection {
+            shared: shared.clone(),
+        };
+        let run = async move {
+            let writer_task = tokio::spawn(write_loop(shared.clone(), writer));
+            let error = tokio::select! {
+                error = read_loop(&shared, reader) => error,
+                _ = shared.close_requested.notified() => ConnectionError::Closed,
+            };
+            let error = {
+                let mut state = shared.lock();
+                state.shut(error);
+                state.closed.clone().expect("just set")
+            };
+            // Wake the writer so it sees `closed` and exits, dropping the socket.
+            shared.transmit.notify_one();
+            let _ = writer_task.await;
+            error
+        };
+        (connection, run)
+    }
+
+    /// Runs over a TCP stream, with Nagle off: ADB's OKAYs are tiny and latency-bound.
+    pub fn start_tcp(
+        stream: tokio::net::TcpStream,
+        config: Config,
+    ) -> io::Result<(Connection, impl std::future::Future<Output = ConnectionError>)> {
+        stream.set_nodelay(true)?;
+        let label = stream.peer_addr()?.to_string();
+        let (reader, writer) = stream.into_split();
+        Ok(Connection::start(reader, writer, config, label))
+    }
+
+    /// Who the peer is (its address), for logs.
+    pub fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    pub fn role(&self) -> Role {
+        self.shared.lock().engine.role()
+    }
+
+    /// The peer's banner and the negotiated parameters, once connected.
+    pub fn peer(&self) -> Option<Peer> {
+        self.shared.lock().engine.peer().cloned()
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn closed(&self) -> Option<ConnectionError> {
+        self.shared.lock().closed.clone()
+    }
+
+    /// Waits for the CNXN exchange to complete.
+    pub async fn connected(&self) -> Result<Peer, ConnectionError> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some(peer) = state.engine.peer() {
+                return Poll::Ready(Ok(peer.clone()));
+            }
+            if let Some(error) = &state.closed {
+                return Poll::Ready(Err(error.clone()));
+            }
+            state.connected_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The next stream the peer wants to open; `None` once the connection ended.
+    pub async fn next_incoming(&self) -> Option<Incoming> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some((id, service)) = state.incoming.pop_front() {
+                return Poll::Ready(Some(Incoming {
+                    shared: self.shared.clone(),
+                    id,
+                    service,
+                    answered: false,
+                }));
+            }
+            if state.closed.is_some() {
+                return Poll::Ready(None);
+            }
+            state.incoming_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Opens a stream to `service` and waits for the peer to accept it.
+    pub async fn open(&self, service: &str) -> io::Result<AdbStream> {
+        let id = {
+            let mut state = self.shared.lock();
+            let id = state
+                .engine
+                .open(service)
+                .map_err(|e| io::Error::new(io::ErrorKind::NotConnected, e))?;
+            state.streams.insert(id, StreamWakers::default());
+            self.shared.after_engine_call(&mut state);
+            id
+        };
+        // From here the stream handle owns the id: dropping it closes the stream.
+        let stream = AdbStream {
+            shared: self.shared.clone(),
+            id,
+        };
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            let closed = state.closed.clone();
+            let wakers = state.streams.entry(id).or_default();
+            match wakers.opened {
+                Some(true) => Poll::Ready(Ok(())),
+                Some(false) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!("device refused to open service {service:?}"),
+                ))),
+                None => match closed {
+                    Some(error) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("opening {service:?}: {error}"),
+                    ))),
+                    None => {
+                        wakers.open = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                },
+            }
+        })
+        .await?;
+        Ok(stream)
+    }
+
+    /// Ends the connection: the socket is closed and every stream sees EOF.
+    pub fn close(&self) {
+        let mut state = self.shared.lock();
+        state.shut(ConnectionError::Closed);
+        self.shared.transmit.notify_one();
+        self.shared.close_requested.notify_one();
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(shared: &Shared, mut reader: R) -> ConnectionError {
+    let mut header_buf = [0u8; HEADER_LEN];
+    loop {
+        // Read the header by hand so a short read before EOF is reported as truncation.
+        let mut filled = 0;
+        while filled < HEADER_LEN {
+            match reader.read(&mut header_buf[filled..]).await {
+                Ok(0) if filled == 0 => return ConnectionError::PeerClosed,
+                Ok(0) => return ConnectionError::TruncatedHeader(filled),
+                Ok(n) => filled += n,
+                Err(error) => return error.into(),
+            }
+            if shared.lock().closed.is_some() {
+                return ConnectionError::Closed;
+            }
+        }
+        let max_payload = shared.lock().engine.max_incoming_payload();
+        let header = match Header::decode(&header_buf, max_payload) {
+            Ok(header) => header,
+            Err(error) => return error.into(),
+        };
+        let expected = header.data_length as usize;
+        let mut payload = BytesMut::zeroed(expected);
+        let mut got = 0;
+        while got < expected {
+            match reader.read(&mut payload[got..]).await {
+                Ok(0) => {
+                    return ConnectionError::TruncatedPayload {
+                        command: header.command,
+                        got,
+                        expected,
+                    }
+                }
+                Ok(n) => got += n,
+                Err(error) => return error.into(),
+            }
+        }
+        let mut state = shared.lock();
+        if state.closed.is_some() {
+            return ConnectionError::Closed;
+        }
+        if let Err(error) = state.engine.handle_packet(&header, payload.freeze()) {
+            return error.into();
+        }
+        shared.after_engine_call(&mut state);
+    }
+}
+
+/// Bytes written per batch: enough to fill a socket buffer in one writev.
+const WRITE_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Slices per writev call; Linux caps iovecs at 1024.
+const MAX_IOVECS: usize = 256;
+
+async fn write_loop<W: AsyncWrite + Unpin>(shared: Arc<Shared>, mut writer: W) {
+    let mut batch: Vec<Bytes> = Vec::new();
+    loop {
+        {
+            let mut state = shared.lock();
+            if state.closed.is_some() {
+                break;
+            }
+            let mut bytes = 0;
+            while bytes < WRITE_BATCH_BYTES && batch.len() + 2 <= MAX_IOVECS {
+                let Some(packet) = state.engine.poll_transmit() else {
+                    break;
+                };
+                let header = state.engine.header_for(&packet).encode();
+                bytes += HEADER_LEN + packet.payload.len();
+                batch.push(Bytes::copy_from_slice(&header));
+                if !packet.payload.is_empty() {
+                    batch.push(packet.payload);
+                }
+            }
+            // Taking data out of send buffers may have unblocked writers.
+            state.dispatch_events();
+        }
+        if batch.is_empty() {
+            shared.transmit.notified().await;
+            continue;
+        }
+        if let Err(error) = write_all_vectored(&mut writer, &mut batch).await {
+            tracing::debug!(peer = %shared.label, %error, "write failed");
+            shared.lock().shut(error.into());
+            break;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    batch: &mut Vec<Bytes>,
+) -> io::Result<()> {
+    let mut first = 0;
+    while first < batch.len() {
+        let slices: Vec<IoSlice<'_>> = batch[first..].iter().map(|b| IoSlice::new(b)).collect();
+        let mut written = writer.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let len = batch[first].len();
+            if written >= len {
+                written -= len;
+                first += 1;
+            } else {
+                let _ = batch[first].split_to(written);
+                written = 0;
+            }
+        }
+    }
+    batch.clear();
+    Ok(())
+}
+
+/// One ADB stream. Reads return what the peer sent (EOF once it closed the
+/// stream); writes queue data for WRTE packets under the stream's credit;
+/// shutdown or drop closes the stream (ADB has no half-close).
+pub struct AdbStream {
+    shared: Arc<Shared>,
+    id: StreamId,
+}
+
+impl AdbStream {
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// The stream's counters so far.
+    pub fn stats(&self) -> Option<StreamStats> {
+        self.shared.lock().engine.stream_stats(self.id)
+    }
+
+    /// Reads the next received chunk without copying it; `None` at EOF.
+    pub async fn read_chunk(&mut self, max: usize) -> io::Result<Option<Bytes>> {
+        std::future::poll_fn(|cx| self.poll_read_chunk(cx, max)).await
+    }
+
+    fn poll_read_chunk(&self, cx: &mut Context<'_>, max: usize) -> Poll<io::Result<Option<Bytes>>> {
+        let mut state = self.shared.lock();
+        match state.engine.read(self.id, max) {
+            Ok(Read::Data(chunk)) => {
+                self.shared.after_engine_call(&mut state);
+                Poll::Ready(Ok(Some(chunk)))
+            }
+            Ok(Read::Eof) | Err(_) => Poll::Ready(Ok(None)),
+            Ok(Read::WouldBlock) => {
+                if state.closed.is_some() {
+                    return Poll::Ready(Ok(None));
+                }
+                if let Some(wakers) = state.streams.get_mut(&self.id) {
+                    wakers.read = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncRead for AdbStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        match self.poll_read_chunk(cx, buf.remaining()) {
+            Poll::Ready(Ok(Some(chunk))) => {
+                buf.put_slice(&chunk);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Ok(None)) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncWrite for AdbStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut state = self.shared.lock();
+        if let Some(error) = &state.closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                format!("{}: connection ended: {error}", self.id),
+            )));
+        }
+        match state.engine.write(self.id, data) {
+            Ok(0) if !data.is_empty() => {
+                if let Some(wakers) = state.streams.get_mut(&self.id) {
+                    wakers.write = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Ok(n) => {
+                self.shared.after_engine_call(&mut state);
+                Poll::Ready(Ok(n))
+            }
+            Err(error) => Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, error))),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Queued data goes out under credit on its own; nothing to wait for.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut state = self.shared.lock();
+        state.engine.close(self.id);
+        self.shared.after_engine_call(&mut state);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for AdbStream {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.engine.close(self.id);
+        state.streams.remove(&self.id);
+        self.shared.after_engine_call(&mut state);
+    }
+}
+
+#[cfg(test)]
+mod tests;

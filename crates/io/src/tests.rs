@@ -1,0 +1,122 @@
+//! Driver tests: a host engine and a device engine over real loopback TCP.
+
+use super::*;
+use oxadb_wire::{feature, Banner};
+use tokio::net::{TcpListener, TcpStream};
+
+fn config(role: Role, delayed_ack: bool) -> Config {
+    let mut banner = Banner::new(if role == Role::Host { "host" } else { "device" });
+    if delayed_ack {
+        banner.features.push(feature::DELAYED_ACK.into());
+    }
+    Config::new(role, banner)
+}
+
+/// A device whose every stream echoes what it reads; returns its address.
+async fn echo_device(delayed_ack: bool) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            let (connection, run) =
+                Connection::start_tcp(socket, config(Role::Device, delayed_ack)).unwrap();
+            tokio::spawn(run);
+            tokio::spawn(async move {
+                while let Some(incoming) = connection.next_incoming().await {
+                    if incoming.service() == "refuse:" {
+                        incoming.refuse();
+                        continue;
+                    }
+                    let mut stream = incoming.accept();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 100_000];
+                        loop {
+                            let n = stream.read(&mut buf).await.unwrap();
+                            if n == 0 {
+                                break;
+                            }
+                            stream.write_all(&buf[..n]).await.unwrap();
+                        }
+                    });
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn host(addr: std::net::SocketAddr, delayed_ack: bool) -> Connection {
+    let socket = TcpStream::connect(addr).await.unwrap();
+    let (connection, run) = Connection::start_tcp(socket, config(Role::Host, delayed_ack)).unwrap();
+    tokio::spawn(run);
+    connection.connected().await.unwrap();
+    connection
+}
+
+async fn echo_round_trip(connection: &Connection, len: usize, seed: u8) {
+    let stream = connection.open("echo:").await.unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let expected = data.clone();
+    let send = tokio::spawn(async move {
+        writer.write_all(&data).await.unwrap();
+        writer
+    });
+    let mut got = vec![0u8; len];
+    reader.read_exact(&mut got).await.unwrap();
+    assert!(got == expected, "echoed bytes differ");
+    drop(send.await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_echo_in_both_modes() {
+    for delayed_ack in [false, true] {
+        let addr = echo_device(true).await;
+        let connection = host(addr, delayed_ack).await;
+        assert_eq!(connection.peer().unwrap().delayed_ack, delayed_ack);
+        echo_round_trip(&connection, 8 * 1024 * 1024 + 3, 1).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_streams() {
+    let addr = echo_device(true).await;
+    let connection = host(addr, true).await;
+    let tasks: Vec<_> = (0..32u8)
+        .map(|i| {
+            let connection = connection.clone();
+            tokio::spawn(async move { echo_round_trip(&connection, 300_000 + i as usize, i).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_open_is_an_error() {
+    let addr = echo_device(false).await;
+    let connection = host(addr, false).await;
+    let error = match connection.open("refuse:").await {
+        Err(error) => error,
+        Ok(_) => panic!("open of a refused service succeeded"),
+    };
+    assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
+    echo_round_trip(&connection, 10, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_magic_ends_only_that_connection() {
+    let addr = echo_device(true).await;
+    let good = host(addr, true).await;
+    let mut bad = TcpStream::connect(addr).await.unwrap();
+    bad.write_all(&[0x55u8; 24]).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), bad.read(&mut buf))
+        .await
+        .expect("device did not close the bad connection")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    echo_round_trip(&good, 1000, 9).await;
+}

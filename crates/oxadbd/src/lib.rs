@@ -1,2 +1,8 @@
-//! oxadbd: the daemon's services and connection handling.
+//! oxadbd: a Linux ADB daemon that stock adb clients use unchanged.
+//!
+//! [`server::serve`] accepts host connections; [`services`] implements what
+//! hosts open on them.
+pub mod config;
+#[cfg(feature = "wired")]
+pub mod server;
 pub mod services;

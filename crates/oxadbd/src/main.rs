@@ -1,1 +1,105 @@
-fn main() {}
+//! `oxadbd`: the daemon binary.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use oxadbd::config::{self, DaemonConfig, FileConfig};
+
+/// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
+/// unchanged (`adb connect 127.0.0.1:5555`).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on. Loopback only until authentication exists.
+    #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
+    listen: Option<String>,
+    /// Configuration file (TOML; keys: listen, shell, product-name,
+    /// product-model, product-device, delayed-ack).
+    #[arg(long, value_name = "PATH", default_value = None)]
+    config: Option<PathBuf>,
+    /// Login shell for `adb shell` [default: /bin/sh].
+    #[arg(long, value_name = "PATH")]
+    shell: Option<PathBuf>,
+    /// `ro.product.name` in the banner [default: the os-release ID].
+    #[arg(long)]
+    product_name: Option<String>,
+    /// `ro.product.model` in the banner [default: device-tree or DMI model].
+    #[arg(long)]
+    product_model: Option<String>,
+    /// `ro.product.device` in the banner [default: the host name].
+    #[arg(long)]
+    product_device: Option<String>,
+    /// Do not offer burst mode (`delayed_ack`); every stream runs classic flow control.
+    #[arg(long)]
+    no_delayed_ack: bool,
+    /// More logging (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let default_level = match args.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .init();
+
+    let file = FileConfig::load(args.config.as_deref())?;
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| config::DEFAULT_LISTEN.to_string());
+    let config = DaemonConfig {
+        listen: config::parse_listen(&listen)?,
+        shell: args
+            .shell
+            .or(file.shell)
+            .unwrap_or_else(|| PathBuf::from("/bin/sh")),
+        product_name: args
+            .product_name
+            .or(file.product_name)
+            .unwrap_or_else(config::default_product_name),
+        product_model: args
+            .product_model
+            .or(file.product_model)
+            .unwrap_or_else(config::default_product_model),
+        product_device: args
+            .product_device
+            .or(file.product_device)
+            .unwrap_or_else(config::default_product_device),
+        delayed_ack: !args.no_delayed_ack && file.delayed_ack.unwrap_or(true),
+    };
+
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("listening on {}", config.listen))?;
+        let local = listener.local_addr()?;
+        tracing::info!(
+            shell = %config.shell.display(),
+            delayed_ack = config.delayed_ack,
+            "listening on {local}"
+        );
+        #[cfg(not(feature = "wired"))]
+        let serving = async move { anyhow::bail!("services not wired: {config:?} {listener:?}") };
+        #[cfg(feature = "wired")]
+        let serving = oxadbd::server::serve(listener, config);
+        tokio::select! {
+            result = serving => result.context("serving"),
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("interrupted; exiting");
+                Ok(())
+            }
+        }
+    })
+}

@@ -1,0 +1,148 @@
+//! Accepts host connections and dispatches the streams they open to services.
+
+use std::sync::Arc;
+
+use oxadb_engine::{Config, Role};
+use oxadb_io::{Connection, Incoming};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tracing::Instrument;
+
+use crate::config::DaemonConfig;
+use crate::services::{forward, shell, sync};
+
+/// Serves every connection accepted on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Result<()> {
+    let config = Arc::new(config);
+    let engine_config = {
+        let mut engine_config = Config::new(Role::Device, config.banner());
+        if !config.delayed_ack {
+            engine_config.banner.features.retain(|f| f != "delayed_ack");
+        }
+        engine_config
+    };
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // EMFILE and friends: keep serving the connections we have.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (connection, run) = match Connection::start_tcp(socket, engine_config.clone()) {
+            Ok(started) => started,
+            Err(error) => {
+                tracing::warn!(%peer, %error, "could not set up connection");
+                continue;
+            }
+        };
+        tracing::info!(%peer, "connection accepted");
+        let span = tracing::info_span!("connection", %peer);
+        tokio::spawn(
+            async move {
+                let error = run.await;
+                if error.is_clean() {
+                    tracing::info!("connection closed: {error}");
+                } else {
+                    tracing::warn!("closing connection: {error}");
+                }
+            }
+            .instrument(span.clone()),
+        );
+        let config = config.clone();
+        tokio::spawn(dispatch(connection, config).instrument(span));
+    }
+}
+
+async fn dispatch(connection: Connection, config: Arc<DaemonConfig>) {
+    if let Ok(peer) = connection.connected().await {
+        tracing::info!(
+            banner = %peer.banner.encode(),
+            delayed_ack = peer.delayed_ack,
+            max_payload = peer.max_payload,
+            "host connected"
+        );
+    }
+    while let Some(incoming) = connection.next_incoming().await {
+        let config = config.clone();
+        let span = tracing::info_span!("stream", id = incoming.id().0, service = %incoming.service());
+        tokio::spawn(open_service(incoming, config).instrument(span));
+    }
+}
+
+/// Answers one OPEN: starts the service or refuses the stream.
+async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>) {
+    let service = incoming.service().to_string();
+    tracing::debug!("open");
+    if service.starts_with("shell") || service.starts_with("exec:") {
+        let request = match oxadb_wire::shell::ShellRequest::parse(&service) {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::warn!(%error, "refusing malformed shell request");
+                incoming.refuse();
+                return;
+            }
+        };
+        let stream = incoming.accept();
+        let shell_config = shell::ShellConfig {
+            login_shell: config.shell.clone(),
+        };
+        if let Err(error) = shell::serve(stream, request, &shell_config).await {
+            tracing::warn!(%error, "shell service failed");
+        }
+    } else if service == "sync:" {
+        let stream = incoming.accept();
+        if let Err(error) = sync::serve(stream).await {
+            tracing::warn!(%error, "sync service failed");
+        }
+    } else if let Some(target) = forward::Target::parse(&service) {
+        let target = match target {
+            Ok(target) => target,
+            Err(error) => {
+                tracing::warn!(%error, "refusing forward");
+                incoming.refuse();
+                return;
+            }
+        };
+        // Connect before answering: a failed connect is a refused OPEN, as in adbd.
+        let socket = match target.connect().await {
+            Ok(socket) => socket,
+            Err(error) => {
+                tracing::warn!(%target, %error, "forward target unreachable; refusing stream");
+                incoming.refuse();
+                return;
+            }
+        };
+        match forward::relay(incoming.accept(), socket).await {
+            Ok((to_target, from_target)) => {
+                tracing::debug!(%target, to_target, from_target, "forward ended")
+            }
+            Err(error) => tracing::debug!(%target, %error, "forward ended with an error"),
+        }
+    } else if let Some(message) = unsupported_android_service(&service) {
+        // Answer in words, as adbd does for requests it cannot honour.
+        let mut stream = incoming.accept();
+        let _ = stream.write_all(message.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    } else {
+        tracing::warn!("refusing unknown service");
+        incoming.refuse();
+    }
+}
+
+/// Android-only services get a readable explanation instead of a bare refusal.
+fn unsupported_android_service(service: &str) -> Option<String> {
+    let name = service.split(':').next().unwrap_or(service);
+    let text = match name {
+        "root" if rustix::process::geteuid().is_root() => "adbd is already running as root\n",
+        "root" | "unroot" => "oxadbd cannot change the user it runs as\n",
+        "reboot" => "oxadbd does not reboot the device; use `adb shell reboot` if you mean it\n",
+        "remount" => "remount is Android-specific; use `adb shell mount -o remount,rw PATH`\n",
+        "tcpip" | "usb" => "oxadbd's transport is chosen by its command line, not by adb\n",
+        "enable-verity" | "disable-verity" => "verity is Android-specific\n",
+        _ => return None,
+    };
+    Some(text.to_string())
+}

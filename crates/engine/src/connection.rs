@@ -74,7 +74,9 @@ pub enum ProtocolError {
     BadMaxPayload(u32),
     #[error("CNXN with unsupported version {0:#010x}")]
     BadVersion(u32),
-    #[error("payload checksum mismatch on {command}: header {expected:#x}, payload sums to {actual:#x}")]
+    #[error(
+        "payload checksum mismatch on {command}: header {expected:#x}, payload sums to {actual:#x}"
+    )]
     Checksum {
         command: Command,
         expected: u32,
@@ -436,7 +438,11 @@ impl Connection {
             0 => None,
             4 => Some(i32::from_le_bytes(payload.try_into().expect("4 bytes"))),
             len => {
-                tracing::warn!(local_id, len, "ignoring OKAY with a payload that is not an i32");
+                tracing::warn!(
+                    local_id,
+                    len,
+                    "ignoring OKAY with a payload that is not an i32"
+                );
                 return Ok(());
             }
         };
@@ -451,13 +457,22 @@ impl Connection {
             // We gave up on this OPEN before the peer accepted it: close the
             // peer's end too, as AOSP does. Other late OKAYs need no answer.
             if self.abandoned_opens.remove(&local_id) {
-                self.control
-                    .push_back(Packet::new(Command::Clse, local_id, remote_id, Bytes::new()));
+                self.control.push_back(Packet::new(
+                    Command::Clse,
+                    local_id,
+                    remote_id,
+                    Bytes::new(),
+                ));
             }
             return Ok(());
         };
         if acked.is_some() != delayed {
-            tracing::warn!(local_id, ?acked, delayed, "OKAY payload does not match delayed_ack mode");
+            tracing::warn!(
+                local_id,
+                ?acked,
+                delayed,
+                "OKAY payload does not match delayed_ack mode"
+            );
         }
         match stream.state {
             StreamState::Opening => {
@@ -471,7 +486,11 @@ impl Connection {
                 stream.send.on_okay(acked);
             }
             _ => {
-                tracing::warn!(local_id, remote_id, "ignoring OKAY with a mismatched remote id");
+                tracing::warn!(
+                    local_id,
+                    remote_id,
+                    "ignoring OKAY with a mismatched remote id"
+                );
                 return Ok(());
             }
         }
@@ -497,7 +516,11 @@ impl Connection {
         };
         if stream.state != StreamState::Open || stream.remote_id != remote_id || stream.peer_closed
         {
-            tracing::warn!(local_id, remote_id, "ignoring WRTE for a stream not open with that peer id");
+            tracing::warn!(
+                local_id,
+                remote_id,
+                "ignoring WRTE for a stream not open with that peer id"
+            );
             return Ok(());
         }
         let len = payload.len();
@@ -524,7 +547,11 @@ impl Connection {
                 self.events.push_back(Event::Refused(StreamId(local_id)));
             }
             _ if remote_id != 0 && remote_id != stream.remote_id => {
-                tracing::warn!(local_id, remote_id, "ignoring CLSE with a mismatched remote id");
+                tracing::warn!(
+                    local_id,
+                    remote_id,
+                    "ignoring CLSE with a mismatched remote id"
+                );
             }
             _ => {
                 stream.outgoing.clear();
@@ -575,7 +602,10 @@ impl Connection {
         // The credit the peer may use on this stream travels in OPEN.arg1 only
         // with delayed_ack; the peer's grant for us arrives in its OKAY.
         let (arg1, send) = if delayed {
-            (self.config.initial_credit, SendCredit::Delayed { available: 0 })
+            (
+                self.config.initial_credit,
+                SendCredit::Delayed { available: 0 },
+            )
         } else {
             (0, SendCredit::Classic { in_flight: false })
         };
@@ -592,7 +622,10 @@ impl Connection {
     pub fn accept(&mut self, id: StreamId) -> Result<(), StreamError> {
         let delayed = self.delayed_ack();
         let initial_credit = self.config.initial_credit;
-        let stream = self.streams.get_mut(&id.0).ok_or(StreamError::Unknown(id))?;
+        let stream = self
+            .streams
+            .get_mut(&id.0)
+            .ok_or(StreamError::Unknown(id))?;
         if stream.state != StreamState::AwaitingAccept {
             return Err(StreamError::Unknown(id));
         }
@@ -628,7 +661,10 @@ impl Connection {
     /// [`Event::Writable`]).
     pub fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
         let limit = self.config.send_buffer;
-        let stream = self.streams.get_mut(&id.0).ok_or(StreamError::Unknown(id))?;
+        let stream = self
+            .streams
+            .get_mut(&id.0)
+            .ok_or(StreamError::Unknown(id))?;
         if stream.peer_closed || stream.closing {
             return Err(StreamError::Closed(id));
         }
@@ -649,7 +685,10 @@ impl Connection {
 
     /// Takes received data for the application, up to `max` bytes.
     pub fn read(&mut self, id: StreamId, max: usize) -> Result<Read, StreamError> {
-        let stream = self.streams.get_mut(&id.0).ok_or(StreamError::Unknown(id))?;
+        let stream = self
+            .streams
+            .get_mut(&id.0)
+            .ok_or(StreamError::Unknown(id))?;
         let Some(front) = stream.incoming.front_mut() else {
             return Ok(if stream.peer_closed {
                 Read::Eof

@@ -154,7 +154,10 @@ mod tests {
         out.clear();
         credit.on_received(60);
         credit.take_okays(&mut out);
-        assert!(out.is_empty(), "120 bytes buffered exceed the 100-byte local buffer");
+        assert!(
+            out.is_empty(),
+            "120 bytes buffered exceed the 100-byte local buffer"
+        );
         credit.on_consumed(60);
         credit.take_okays(&mut out);
         assert_eq!(out, vec![None]);
@@ -171,7 +174,11 @@ mod tests {
         credit.on_received(50);
         credit.on_received(50);
         credit.take_okays(&mut out);
-        assert_eq!(out, vec![Some(20)], "only what fits the 100-byte buffer is flushed");
+        assert_eq!(
+            out,
+            vec![Some(20)],
+            "only what fits the 100-byte buffer is flushed"
+        );
         out.clear();
         credit.on_consumed(100);
         credit.take_okays(&mut out);

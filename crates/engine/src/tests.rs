@@ -133,8 +133,14 @@ fn classic_stream_keeps_one_packet_in_flight() {
     device_config.local_buffer = 16 * 1024;
     let mut pair = Pair::new(host_config, device_config);
     let (host_id, device_id) = pair.open("exec:cat");
-    assert!(pair.to_device.last().unwrap().arg1 == 0, "classic OPEN.arg1 is 0");
-    assert!(pair.to_host.last().unwrap().payload.is_empty(), "classic OKAY is empty");
+    assert!(
+        pair.to_device.last().unwrap().arg1 == 0,
+        "classic OPEN.arg1 is 0"
+    );
+    assert!(
+        pair.to_host.last().unwrap().payload.is_empty(),
+        "classic OKAY is empty"
+    );
 
     let data = pattern(64 * 1024);
     let mut written = 0;
@@ -152,7 +158,10 @@ fn classic_stream_keeps_one_packet_in_flight() {
             }
             deliver(&mut pair.device, &pair.host, &packet).unwrap();
         }
-        assert!(wrtes <= 1, "classic mode sent {wrtes} WRTEs without an OKAY");
+        assert!(
+            wrtes <= 1,
+            "classic mode sent {wrtes} WRTEs without an OKAY"
+        );
         if pair.device.readable_bytes(device_id) >= 16 * 1024 || wrtes == 0 {
             received.extend(read_all(&mut pair.device, device_id));
         }
@@ -177,8 +186,16 @@ fn delayed_ack_grants_credit_and_stops_at_zero() {
     host_config.send_buffer = 4 * 1024 * 1024;
     let mut pair = Pair::new(host_config, device_config);
     let (host_id, device_id) = pair.open("sync:");
-    let open = pair.to_device.iter().find(|p| p.command == Command::Open).unwrap();
-    assert_eq!(open.arg1, 1024 * 1024, "OPEN.arg1 carries the opener's credit");
+    let open = pair
+        .to_device
+        .iter()
+        .find(|p| p.command == Command::Open)
+        .unwrap();
+    assert_eq!(
+        open.arg1,
+        1024 * 1024,
+        "OPEN.arg1 carries the opener's credit"
+    );
     let okay = pair.to_host.last().unwrap();
     assert_eq!(okay.command, Command::Okay);
     assert_eq!(okay.payload.as_ref(), &(100 * 1024i32).to_le_bytes());
@@ -194,7 +211,11 @@ fn delayed_ack_grants_credit_and_stops_at_zero() {
     for packet in &burst {
         deliver(&mut pair.device, &pair.host, packet).unwrap();
     }
-    assert_eq!(pair.device.poll_transmit(), None, "consumer has not read: no credit back");
+    assert_eq!(
+        pair.device.poll_transmit(),
+        None,
+        "consumer has not read: no credit back"
+    );
     let chunk = match pair.device.read(device_id, 10_000).unwrap() {
         Read::Data(chunk) => chunk,
         other => panic!("{other:?}"),
@@ -225,7 +246,10 @@ fn open_arg1_must_match_delayed_ack() {
     deliver(&mut pair.device, &pair.host, &open).unwrap();
     assert_eq!(pair.device.poll_event(), None);
     let refusal = pair.device.poll_transmit().unwrap();
-    assert_eq!((refusal.command, refusal.arg0, refusal.arg1), (Command::Clse, 0, 77));
+    assert_eq!(
+        (refusal.command, refusal.arg0, refusal.arg1),
+        (Command::Clse, 0, 77)
+    );
 
     let mut classic = Pair::new(config(Role::Host, false), config(Role::Device, true));
     let open = Packet::new(Command::Open, 5, 4096, &b"shell:\0"[..]);
@@ -256,14 +280,23 @@ fn peer_close_keeps_buffered_data_then_eof() {
     pair.device.close(device_id);
     pair.drive();
     // Data is sent before the CLSE, and the host answers CLSE with CLSE (as AOSP).
-    let commands: Vec<Command> = pair.to_host.iter().rev().take(2).map(|p| p.command).collect();
+    let commands: Vec<Command> = pair
+        .to_host
+        .iter()
+        .rev()
+        .take(2)
+        .map(|p| p.command)
+        .collect();
     assert_eq!(commands, vec![Command::Clse, Command::Wrte]);
     assert_eq!(pair.to_device.last().unwrap().command, Command::Clse);
     let events: Vec<Event> = std::iter::from_fn(|| pair.host.poll_event()).collect();
     assert!(events.contains(&Event::Closed(host_id)));
     assert_eq!(read_all(&mut pair.host, host_id), b"last words");
     assert_eq!(pair.host.read(host_id, 10).unwrap(), Read::Eof);
-    assert_eq!(pair.host.write(host_id, b"x"), Err(StreamError::Closed(host_id)));
+    assert_eq!(
+        pair.host.write(host_id, b"x"),
+        Err(StreamError::Closed(host_id))
+    );
     pair.host.close(host_id);
     pair.drive();
     assert_eq!(pair.host.stream_ids().count(), 0);
@@ -301,7 +334,8 @@ fn hostile_packets_are_protocol_errors() {
     );
     let cnxn = Packet::new(Command::Cnxn, VERSION_SKIP_CHECKSUM, 4096, &b"garbage"[..]);
     assert!(matches!(
-        pair.device.handle_packet(&cnxn.header(false), cnxn.payload.clone()),
+        pair.device
+            .handle_packet(&cnxn.header(false), cnxn.payload.clone()),
         Err(ProtocolError::Banner(_))
     ));
 }
@@ -329,7 +363,8 @@ fn many_streams_share_the_connection_fairly() {
     let mut host_config = config(Role::Host, true);
     host_config.max_payload = 4096;
     let mut pair = Pair::new(host_config, config(Role::Device, true));
-    let streams: Vec<(StreamId, StreamId)> = (0..8).map(|i| pair.open(&format!("exec:{i}"))).collect();
+    let streams: Vec<(StreamId, StreamId)> =
+        (0..8).map(|i| pair.open(&format!("exec:{i}"))).collect();
     for (host_id, _) in &streams {
         pair.host.write(*host_id, &pattern(4096 * 3)).unwrap();
     }

@@ -147,7 +147,9 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn after_engine_call(&self, state: &mut State) {
@@ -222,7 +224,10 @@ impl Connection {
         writer: W,
         config: Config,
         label: impl Into<String>,
-    ) -> (Connection, impl std::future::Future<Output = ConnectionError>)
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -270,7 +275,10 @@ impl Connection {
     pub fn start_tcp(
         stream: tokio::net::TcpStream,
         config: Config,
-    ) -> io::Result<(Connection, impl std::future::Future<Output = ConnectionError>)> {
+    ) -> io::Result<(
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )> {
         stream.set_nodelay(true)?;
         let label = stream.peer_addr()?.to_string();
         let (reader, writer) = stream.into_split();

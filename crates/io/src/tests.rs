@@ -56,7 +56,9 @@ async fn host(addr: std::net::SocketAddr, delayed_ack: bool) -> Connection {
 
 async fn echo_round_trip(connection: &Connection, len: usize, seed: u8) {
     let stream = connection.open("echo:").await.unwrap();
-    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
     let (mut reader, mut writer) = tokio::io::split(stream);
     let expected = data.clone();
     let send = tokio::spawn(async move {

@@ -135,8 +135,10 @@ pub fn default_product_name() -> String {
     std::fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("ID=").map(|v| v.trim_matches('"').to_string()))
+            text.lines().find_map(|line| {
+                line.strip_prefix("ID=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
         })
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| "linux".to_string())
@@ -144,16 +146,19 @@ pub fn default_product_name() -> String {
 
 /// `ro.product.model`: the board's device-tree model or the DMI product name.
 pub fn default_product_model() -> String {
-    ["/sys/firmware/devicetree/base/model", "/sys/class/dmi/id/product_name"]
-        .iter()
-        .filter_map(|path| std::fs::read(path).ok())
-        .map(|raw| {
-            String::from_utf8_lossy(&raw)
-                .trim_matches(|c: char| c == '\0' || c.is_whitespace())
-                .to_string()
-        })
-        .find(|model| !model.is_empty())
-        .unwrap_or_else(|| "Linux".to_string())
+    [
+        "/sys/firmware/devicetree/base/model",
+        "/sys/class/dmi/id/product_name",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read(path).ok())
+    .map(|raw| {
+        String::from_utf8_lossy(&raw)
+            .trim_matches(|c: char| c == '\0' || c.is_whitespace())
+            .to_string()
+    })
+    .find(|model| !model.is_empty())
+    .unwrap_or_else(|| "Linux".to_string())
 }
 
 /// `ro.product.device`: the host name.
@@ -187,7 +192,10 @@ mod tests {
             parse_listen("198.18.0.1:5555"),
             Err(ConfigError::NotLoopback(_))
         ));
-        assert!(matches!(parse_listen("nonsense"), Err(ConfigError::BadListen(_))));
+        assert!(matches!(
+            parse_listen("nonsense"),
+            Err(ConfigError::BadListen(_))
+        ));
     }
 
     #[test]
@@ -210,9 +218,10 @@ mod tests {
 
     #[test]
     fn config_file_keys() {
-        let config: FileConfig =
-            toml::from_str("listen = \"127.0.0.1:1\"\nshell = \"/bin/bash\"\ndelayed-ack = false\n")
-                .unwrap();
+        let config: FileConfig = toml::from_str(
+            "listen = \"127.0.0.1:1\"\nshell = \"/bin/bash\"\ndelayed-ack = false\n",
+        )
+        .unwrap();
         assert_eq!(config.shell.as_deref(), Some(Path::new("/bin/bash")));
         assert_eq!(config.delayed_ack, Some(false));
         assert!(toml::from_str::<FileConfig>("bogus = 1").is_err());

@@ -67,7 +67,8 @@ async fn dispatch(connection: Connection, config: Arc<DaemonConfig>) {
     }
     while let Some(incoming) = connection.next_incoming().await {
         let config = config.clone();
-        let span = tracing::info_span!("stream", id = incoming.id().0, service = %incoming.service());
+        let span =
+            tracing::info_span!("stream", id = incoming.id().0, service = %incoming.service());
         tokio::spawn(open_service(incoming, config).instrument(span));
     }
 }

@@ -129,7 +129,9 @@ mod tests {
         assert_eq!(banner.features, vec!["shell_v2", "cmd"]);
         assert_eq!(Banner::parse(banner.encode().as_bytes()).unwrap(), banner);
         let mut device = Banner::new("device");
-        device.properties.push(("ro.product.name".into(), "n".into()));
+        device
+            .properties
+            .push(("ro.product.name".into(), "n".into()));
         device.features.push(feature::DELAYED_ACK.into());
         assert_eq!(
             device.encode(),
@@ -146,8 +148,14 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        assert!(matches!(Banner::parse(b"nonsense"), Err(BannerError::Malformed(_))));
-        assert_eq!(Banner::parse(&[0xff, b':', b':']), Err(BannerError::NotUtf8));
+        assert!(matches!(
+            Banner::parse(b"nonsense"),
+            Err(BannerError::Malformed(_))
+        ));
+        assert_eq!(
+            Banner::parse(&[0xff, b':', b':']),
+            Err(BannerError::NotUtf8)
+        );
         assert_eq!(
             Banner::parse(&vec![b'a'; MAX_BANNER_LEN + 1]),
             Err(BannerError::TooLong)

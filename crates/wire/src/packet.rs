@@ -223,18 +223,28 @@ mod tests {
 
     #[test]
     fn known_encoding_of_cnxn() {
-        let header = Packet::new(Command::Cnxn, VERSION_SKIP_CHECKSUM, MAX_PAYLOAD, &b"host::\0"[..])
-            .header(false);
+        let header = Packet::new(
+            Command::Cnxn,
+            VERSION_SKIP_CHECKSUM,
+            MAX_PAYLOAD,
+            &b"host::\0"[..],
+        )
+        .header(false);
         let raw = header.encode();
         assert_eq!(&raw[0..4], b"CNXN");
         assert_eq!(&raw[4..8], &[1, 0, 0, 1]);
         assert_eq!(u32::from_le_bytes(raw[12..16].try_into().unwrap()), 7);
-        assert_eq!(u32::from_le_bytes(raw[20..24].try_into().unwrap()), !0x4e58_4e43);
+        assert_eq!(
+            u32::from_le_bytes(raw[20..24].try_into().unwrap()),
+            !0x4e58_4e43
+        );
     }
 
     #[test]
     fn rejects_bad_magic() {
-        let mut raw = Packet::new(Command::Okay, 1, 2, Bytes::new()).header(false).encode();
+        let mut raw = Packet::new(Command::Okay, 1, 2, Bytes::new())
+            .header(false)
+            .encode();
         raw[20] ^= 1;
         assert!(matches!(
             Header::decode(&raw, MAX_PAYLOAD),

@@ -1,0 +1,378 @@
+//! `oxadb-bench`: benchmark programs. They print tables for `docs/benchmarks.md`;
+//! they are not tests and assert nothing about speed.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, Subcommand};
+use rand::{RngCore, SeedableRng};
+
+#[derive(Parser)]
+#[command(about = "oxadb benchmark programs (they print tables; they are not tests)")]
+struct Args {
+    #[command(subcommand)]
+    command: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Google adb pushing and pulling random data through oxadbd over loopback,
+    /// interleaved with raw single-stream TCP loopback runs.
+    AdbLoopback(AdbLoopback),
+}
+
+#[derive(Parser)]
+struct AdbLoopback {
+    /// Bytes per transfer (suffixes K, M, G are powers of 1024).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// Runs of each transfer; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The daemon under test.
+    #[arg(long, default_value = "target/release/oxadbd")]
+    oxadbd: PathBuf,
+    /// Extra arguments for the daemon (e.g. `--no-delayed-ack`).
+    #[arg(long, allow_hyphen_values = true)]
+    daemon_arg: Vec<String>,
+    /// The adb client (Debian's adb 29 by default).
+    #[arg(long, default_value = "adb")]
+    adb: PathBuf,
+    /// A tmpfs directory for the data (the pull destination must be tmpfs).
+    #[arg(long, default_value = "/dev/shm")]
+    workdir: PathBuf,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => text.split_at(i),
+        None => (text, ""),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("bad size {text:?}"))?;
+    let shift = match unit.trim_end_matches(['i', 'B']) {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        _ => return Err(format!("bad size unit in {text:?}")),
+    };
+    Ok(n << shift)
+}
+
+fn main() -> Result<()> {
+    match Args::parse().command {
+        Bench::AdbLoopback(args) => adb_loopback(args),
+    }
+}
+
+/// Processes and files of one benchmark session, cleaned up on drop.
+struct Session {
+    dir: PathBuf,
+    daemon: Child,
+    adb: PathBuf,
+    adb_port: u16,
+    serial: String,
+}
+
+impl Session {
+    fn adb(&self) -> Command {
+        let mut command = Command::new(&self.adb);
+        command
+            .env("HOME", self.dir.join("home"))
+            .arg("-P")
+            .arg(self.adb_port.to_string());
+        command
+    }
+
+    fn adb_device(&self) -> Command {
+        let mut command = self.adb();
+        command.arg("-s").arg(&self.serial);
+        command
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.adb().arg("kill-server").output();
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn run_checked(command: &mut Command, what: &str) -> Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("running {what}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(output.status.success(), "{what} failed: {text}");
+    Ok(text)
+}
+
+fn write_random_file(path: &Path, size: u64) -> Result<()> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x0a_db);
+    let mut file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut block = vec![0u8; 8 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        rng.fill_bytes(&mut block[..n]);
+        file.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are 14th and 15th.
+    let rest = &stat[stat.rfind(')').context("bad /proc stat")? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+/// One single-stream TCP transfer over loopback, 1 MiB writes and reads.
+fn raw_tcp(size: u64) -> Result<Duration> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let receiver = std::thread::spawn(move || -> Result<u64> {
+        let (mut socket, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            let n = socket.read(&mut buf)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n as u64;
+        }
+    });
+    let mut block = vec![0u8; 1 << 20];
+    rand::rngs::StdRng::seed_from_u64(1).fill_bytes(&mut block);
+    let start = Instant::now();
+    let mut socket = TcpStream::connect(addr)?;
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        socket.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    drop(socket);
+    let received = receiver.join().expect("receiver thread")?;
+    let elapsed = start.elapsed();
+    ensure!(received == size, "raw TCP moved {received} of {size} bytes");
+    Ok(elapsed)
+}
+
+fn same_contents(a: &Path, b: &Path) -> Result<bool> {
+    let (mut a, mut b) = (File::open(a)?, File::open(b)?);
+    let (mut x, mut y) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
+    loop {
+        let n = a.read(&mut x)?;
+        if n == 0 {
+            return Ok(b.read(&mut y)? == 0);
+        }
+        b.read_exact(&mut y[..n])?;
+        if x[..n] != y[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+fn machine_description() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores, {cpu}, Linux {}", kernel.trim())
+}
+
+fn adb_loopback(args: AdbLoopback) -> Result<()> {
+    ensure!(args.runs >= 1, "--runs must be at least 1");
+    let adb_version = run_checked(Command::new(&args.adb).arg("version"), "adb version")?;
+    let dir = args
+        .workdir
+        .join(format!("oxadb-bench-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("home"))?;
+    let source = dir.join("random.bin");
+    let pulled = dir.join("pulled.bin");
+    let null_node = dir.join("null");
+    eprintln!("writing {} random bytes to {}", args.size, source.display());
+    write_random_file(&source, args.size)?;
+    // A private /dev/null: Google's adb replaces a pull destination, so the
+    // real node must never be a target; pushes go into this one.
+    let c_path = std::ffi::CString::new(null_node.as_os_str().as_encoded_bytes())?;
+    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    ensure!(
+        rc == 0,
+        "mknod {}: {}",
+        null_node.display(),
+        std::io::Error::last_os_error()
+    );
+
+    let port = free_port()?;
+    let log_path = dir.join("oxadbd.log");
+    let daemon = Command::new(&args.oxadbd)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(&args.daemon_arg)
+        .stdout(Stdio::null())
+        .stderr(File::create(&log_path)?)
+        .spawn()
+        .with_context(|| format!("starting {}", args.oxadbd.display()))?;
+    let mut session = Session {
+        dir: dir.clone(),
+        daemon,
+        adb: args.adb.clone(),
+        adb_port: free_port()?,
+        serial: format!("127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log_path)?.contains("listening on") {
+        ensure!(
+            Instant::now() < deadline,
+            "oxadbd did not start: {}",
+            std::fs::read_to_string(&log_path)?
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_checked(session.adb().arg("start-server"), "adb start-server")?;
+    let connected = run_checked(
+        session.adb().arg("connect").arg(&session.serial),
+        "adb connect",
+    )?;
+    ensure!(connected.contains("connected"), "adb connect: {connected}");
+    let state = run_checked(session.adb_device().arg("get-state"), "adb get-state")?;
+    ensure!(state.trim() == "device", "device state is {state:?}");
+
+    let names = ["raw TCP", "adb push", "adb pull"];
+    let mut seconds: [Vec<f64>; 3] = Default::default();
+    let mut daemon_cpu: [Vec<f64>; 3] = Default::default();
+    let pid = session.daemon.id();
+    for run in 0..args.runs {
+        // Interleave and rotate the order: the machine is noisy, and a slow
+        // spell should hit every transfer, not one.
+        for step in 0..3 {
+            let which = (run + step) % 3;
+            let cpu_before = cpu_seconds(pid)?;
+            let elapsed = match which {
+                0 => raw_tcp(args.size)?,
+                1 => {
+                    let start = Instant::now();
+                    run_checked(
+                        session
+                            .adb_device()
+                            .arg("push")
+                            .arg(&source)
+                            .arg(&null_node),
+                        "adb push",
+                    )?;
+                    let elapsed = start.elapsed();
+                    let kind = std::fs::symlink_metadata(&null_node)?.file_type();
+                    ensure!(kind.is_char_device(), "push replaced the device node");
+                    elapsed
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&pulled);
+                    let start = Instant::now();
+                    run_checked(
+                        session.adb_device().arg("pull").arg(&source).arg(&pulled),
+                        "adb pull",
+                    )?;
+                    let elapsed = start.elapsed();
+                    ensure!(same_contents(&source, &pulled)?, "pulled file differs");
+                    elapsed
+                }
+            };
+            let cpu = cpu_seconds(pid)? - cpu_before;
+            let secs = elapsed.as_secs_f64();
+            eprintln!(
+                "run {} {:>8}: {:8.1} MB/s",
+                run + 1,
+                names[which],
+                args.size as f64 / secs / 1e6
+            );
+            seconds[which].push(secs);
+            daemon_cpu[which].push(cpu);
+        }
+    }
+    if session.daemon.try_wait()?.is_some() {
+        bail!("oxadbd exited during the benchmark");
+    }
+
+    let gib = args.size as f64 / (1u64 << 30) as f64;
+    let rate = |s: &f64| args.size as f64 / s / 1e6;
+    let raw_median = median(&mut seconds[0].iter().map(rate).collect::<Vec<_>>());
+    println!("Machine: {}", machine_description());
+    println!(
+        "Client: {}",
+        adb_version.lines().nth(1).unwrap_or("adb").trim()
+    );
+    println!(
+        "Transfer: {} MiB of random data per run, {} runs, interleaved; daemon args: {:?}",
+        args.size >> 20,
+        args.runs,
+        args.daemon_arg
+    );
+    println!();
+    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | oxadbd CPU s/GiB (median) |");
+    println!("|---|---|---|---|---|");
+    for which in 0..3 {
+        let mut rates: Vec<f64> = seconds[which].iter().map(rate).collect();
+        let runs = rates
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let med = median(&mut rates);
+        let mut cpu: Vec<f64> = daemon_cpu[which].iter().map(|c| c / gib).collect();
+        let cpu = if which == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", median(&mut cpu))
+        };
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {} |",
+            names[which],
+            runs,
+            med,
+            med / raw_median,
+            cpu
+        );
+    }
+    Ok(())
+}

@@ -3,6 +3,5 @@
 //! [`server::serve`] accepts host connections; [`services`] implements what
 //! hosts open on them.
 pub mod config;
-#[cfg(feature = "wired")]
 pub mod server;
 pub mod services;

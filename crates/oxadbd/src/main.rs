@@ -90,12 +90,8 @@ fn main() -> anyhow::Result<()> {
             delayed_ack = config.delayed_ack,
             "listening on {local}"
         );
-        #[cfg(not(feature = "wired"))]
-        let serving = async move { anyhow::bail!("services not wired: {config:?} {listener:?}") };
-        #[cfg(feature = "wired")]
-        let serving = oxadbd::server::serve(listener, config);
         tokio::select! {
-            result = serving => result.context("serving"),
+            result = oxadbd::server::serve(listener, config) => result.context("serving"),
             _ = tokio::signal::ctrl_c() => {
                 tracing::info!("interrupted; exiting");
                 Ok(())

@@ -1,0 +1,2315 @@
+//! The `sync:` service: adb's file sync protocol (`adb push`, `pull`, `ls`, `sync`).
+//!
+//! One stream carries a sequence of requests (`STAT`, `LST2`, `STA2`, `LIST`,
+//! `LIS2`, `SEND`, `SND2`, `RECV`, `RCV2`, `QUIT`), each an 8-byte header and a
+//! path of at most 1024 bytes. Frame layouts live in [`oxadb_wire::sync`]; this
+//! module does the file system work. File I/O and (de)compression run on a
+//! blocking thread fed by a bounded channel of 64 KiB chunks, so the network and
+//! the disk work in parallel and the async runtime never blocks on a file.
+//!
+//! # Pushes
+//!
+//! A pushed regular file is written to a temporary file beside the destination
+//! (`.oxadb-push.<pid>.<n>`) and renamed over it only after `DONE`, so a failed or
+//! abandoned push leaves an existing destination untouched and no temporary file
+//! behind. An existing destination that is not a regular file or a symlink (a
+//! device node, a FIFO) is opened and written in place, as adbd does, so
+//! `adb push image /dev/block/...` works; its mode and times are left alone. So
+//! are files on procfs/sysfs-like filesystems, where no temporary file can be
+//! made. A destination that is a mount point (a bind-mounted file) cannot be
+//! renamed over, so the finished temporary file is copied into it instead.
+//! Missing parent directories are created (the `fixed_push_mkdir` feature).
+//! A symlink push (`S_IFLNK` in the mode) makes the link under a temporary name,
+//! sets its own timestamp and renames it into place.
+//!
+//! After a failed push or pull the service sends `FAIL` and ends, as adbd does;
+//! for a push it first reads the remaining `DATA` up to `DONE` so the client sees
+//! the reason instead of a broken pipe.
+//!
+//! # Permissions of pushed files
+//!
+//! A pushed regular file gets exactly `mode & 0o7777` from the request, applied
+//! with `fchmod` after its data is written, so the daemon's umask cannot change it
+//! (Google's adbd copies the owner bits to group and other, turning 0751 into
+//! 0777; we keep 0751). If the daemon may not set the special bits (EPERM), it
+//! falls back to `mode & 0o777` and logs a warning.
+
+use std::ffi::OsStr;
+use std::fs::{self, File, FileTimes, Metadata, OpenOptions};
+use std::io::{self, BufRead, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use oxadb_wire::sync::{self as wire, Compression, StatV1, StatV2, SyncHeader, TransferFlags};
+use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// Buffer in front of the stream; holds a couple of `DATA` frames.
+const STREAM_READ_BUFFER: usize = 128 * 1024;
+/// `DATA` chunks (64 KiB each) queued between the stream and the file thread.
+const CHUNK_QUEUE_DEPTH: usize = 16;
+/// Bytes read or decoded at once on the file thread.
+const FILE_IO_BUFFER: usize = 256 * 1024;
+/// A symlink target is at most PATH_MAX (4096) bytes including the NUL the client sends.
+const SYMLINK_TARGET_MAX: usize = 4096;
+/// Mode of directories created for a push (adbd uses 0775, subject to the umask).
+const PUSHED_DIR_MODE: u32 = 0o775;
+/// adbd's and the reference client's compression level for brotli and zstd.
+const COMPRESSION_LEVEL: u32 = 1;
+/// Brotli's default window (`lgwin`), which adbd's encoder keeps.
+const BROTLI_WINDOW_BITS: u32 = 22;
+const TEMP_PREFIX: &str = ".oxadb-push.";
+
+/// Why the sync service stopped abnormally. Failures of file operations are not
+/// errors here: they are reported to the host with `FAIL`.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("sync stream I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("host closed the sync stream in the middle of {0}")]
+    Truncated(&'static str),
+    #[error("sync protocol violation: {0}")]
+    Protocol(String),
+}
+
+/// Serves one `sync:` stream until the host sends `QUIT` or closes it.
+pub async fn serve<S>(stream: S) -> Result<(), SyncError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = Conn {
+        io: BufReader::with_capacity(STREAM_READ_BUFFER, stream),
+    };
+    let result = conn.serve_requests().await;
+    // A FAIL written just before stopping must reach the host before the stream closes.
+    let _ = conn.io.get_mut().flush().await;
+    match &result {
+        Ok(()) => debug!("sync: done"),
+        Err(e) => warn!("sync: stopped: {e}"),
+    }
+    result
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    /// A transfer failed and was reported; adbd closes the service then, and so do we.
+    End,
+}
+
+struct Conn<S> {
+    io: BufReader<S>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    async fn serve_requests(&mut self) -> Result<(), SyncError> {
+        loop {
+            let Some(header) = self.next_request_header().await? else {
+                return Ok(());
+            };
+            let path_len = match header.request_path_len() {
+                Ok(len) => len,
+                Err(e) => return Err(self.protocol_violation(e.to_string()).await),
+            };
+            let raw_path = self.read_vec(path_len, "a request path").await?;
+            let path = path_from_request(&raw_path);
+            debug!(request = %wire::id_name(header.id), path = %path.display(), "sync request");
+
+            let flow = match header.id {
+                wire::ID_LSTAT_V1 => self.lstat_v1(&path).await?,
+                wire::ID_LSTAT_V2 | wire::ID_STAT_V2 => self.stat_v2(header.id, &path).await?,
+                wire::ID_LIST_V1 => self.list(path, false).await?,
+                wire::ID_LIST_V2 => self.list(path, true).await?,
+                wire::ID_SEND_V1 => self.send_v1(&raw_path).await?,
+                wire::ID_SEND_V2 => self.send_v2(path).await?,
+                wire::ID_RECV_V1 => self.recv(path, Compression::None).await?,
+                wire::ID_RECV_V2 => self.recv_v2(path).await?,
+                wire::ID_QUIT => return Ok(()),
+                other => {
+                    let message = format!("unknown command {other:08x} ({})", wire::id_name(other));
+                    return Err(self.protocol_violation(message).await);
+                }
+            };
+            self.io.get_mut().flush().await?;
+            if flow == Flow::End {
+                return Ok(());
+            }
+        }
+    }
+
+    // ----- stream helpers -----
+
+    /// Reads the next request header, or `None` if the host closed the stream cleanly.
+    async fn next_request_header(&mut self) -> Result<Option<SyncHeader>, SyncError> {
+        if self.io.fill_buf().await?.is_empty() {
+            return Ok(None);
+        }
+        self.read_header("a request header").await.map(Some)
+    }
+
+    async fn read_header(&mut self, during: &'static str) -> Result<SyncHeader, SyncError> {
+        let mut bytes = [0u8; HEADER_LEN];
+        self.read_exact(&mut bytes, during).await?;
+        Ok(SyncHeader::parse(&bytes).expect("a full header"))
+    }
+
+    async fn read_exact(&mut self, buf: &mut [u8], during: &'static str) -> Result<(), SyncError> {
+        match self.io.read_exact(buf).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(SyncError::Truncated(during)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn read_vec(&mut self, len: usize, during: &'static str) -> Result<Vec<u8>, SyncError> {
+        let mut buf = vec![0u8; len];
+        self.read_exact(&mut buf, during).await?;
+        Ok(buf)
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> Result<(), SyncError> {
+        self.io.get_mut().write_all(bytes).await?;
+        Ok(())
+    }
+
+    /// Sends `FAIL` with `message` (which names the path and the cause) and flushes it.
+    async fn fail(&mut self, message: &str) -> Result<(), SyncError> {
+        warn!("sync: FAIL: {message}");
+        self.send(&wire::encode_fail(message)).await?;
+        self.io.get_mut().flush().await?;
+        Ok(())
+    }
+
+    /// Reports a host protocol error with `FAIL`; the caller ends the service with the result,
+    /// since the framing can no longer be trusted.
+    async fn protocol_violation(&mut self, message: String) -> SyncError {
+        if let Err(e) = self.fail(&message).await {
+            return e;
+        }
+        SyncError::Protocol(message)
+    }
+
+    // ----- STAT, LST2, STA2 -----
+
+    /// `STAT`: adbd answers with `lstat` and all-zero fields when it fails.
+    async fn lstat_v1(&mut self, path: &Path) -> Result<Flow, SyncError> {
+        let stat = match tokio::fs::symlink_metadata(path).await {
+            // v1 fields are 32-bit on the wire; adbd truncates the same way.
+            Ok(md) => StatV1 {
+                mode: md.mode(),
+                size: md.size() as u32,
+                mtime: md.mtime() as u32,
+            },
+            Err(e) => {
+                debug!("sync: lstat '{}': {e}", path.display());
+                StatV1::default()
+            }
+        };
+        self.send(&stat.encode()).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// `STA2` follows symlinks, `LST2` does not; failures carry the errno.
+    async fn stat_v2(&mut self, id: u32, path: &Path) -> Result<Flow, SyncError> {
+        let result = if id == wire::ID_STAT_V2 {
+            tokio::fs::metadata(path).await
+        } else {
+            tokio::fs::symlink_metadata(path).await
+        };
+        let stat = match result {
+            Ok(md) => stat_v2_of(&md),
+            Err(e) => {
+                debug!("sync: {} '{}': {e}", wire::id_name(id), path.display());
+                stat_v2_error(&e)
+            }
+        };
+        self.send(&stat.encode(id)).await?;
+        Ok(Flow::Continue)
+    }
+
+    // ----- LIST, LIS2 -----
+
+    async fn list(&mut self, dir: PathBuf, v2: bool) -> Result<Flow, SyncError> {
+        let reply = tokio::task::spawn_blocking(move || list_reply(&dir, v2))
+            .await
+            .map_err(|e| SyncError::Io(io::Error::other(e)))?;
+        self.send(&reply).await?;
+        Ok(Flow::Continue)
+    }
+
+    // ----- SEND, SND2 -----
+
+    /// `SEND`: the request path is `"<path>,<mode>"`, data is never compressed.
+    async fn send_v1(&mut self, raw_spec: &[u8]) -> Result<Flow, SyncError> {
+        let spec = up_to_nul(raw_spec);
+        match wire::parse_send_v1_spec(spec) {
+            Ok((path, mode)) => {
+                let path = PathBuf::from(OsStr::from_bytes(path));
+                self.push(PushJob {
+                    path,
+                    mode,
+                    compression: Compression::None,
+                    dry_run: false,
+                })
+                .await
+            }
+            Err(e) => {
+                self.fail(&format!("{e}: '{}'", String::from_utf8_lossy(spec)))
+                    .await?;
+                self.drain_failed_push().await;
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    /// `SND2`: a `(id, mode, flags)` setup frame follows the request.
+    async fn send_v2(&mut self, path: PathBuf) -> Result<Flow, SyncError> {
+        let mut bytes = [0u8; wire::SEND_V2_SETUP_LEN];
+        self.read_exact(&mut bytes, "an SND2 setup frame").await?;
+        let setup = wire::SendV2Setup::parse(&bytes).expect("a full setup frame");
+        if setup.id != wire::ID_SEND_V2 {
+            // adbd ignores this id; note it in case a client is out of step.
+            debug!("sync: SND2 setup frame has id {}", wire::id_name(setup.id));
+        }
+        match TransferFlags::from_send_flags(setup.flags) {
+            Ok(flags) => {
+                self.push(PushJob {
+                    path,
+                    mode: setup.mode,
+                    compression: flags.compression,
+                    dry_run: flags.dry_run,
+                })
+                .await
+            }
+            Err(e) => {
+                // adbd closes the service here without reading the data.
+                self.fail(&format!("couldn't push '{}': {e}", path.display()))
+                    .await?;
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    /// Feeds the push's `DATA` frames to a file thread and answers `OKAY` or `FAIL`.
+    async fn push(&mut self, job: PushJob) -> Result<Flow, SyncError> {
+        let path = job.path.clone();
+        let (chunks, queue) = mpsc::channel(CHUNK_QUEUE_DEPTH);
+        let worker = tokio::task::spawn_blocking(move || job.run(ChunkReader::new(queue)));
+
+        let mut saw_done = false;
+        let stream_problem = loop {
+            let header = match self.read_header("a push").await {
+                Ok(header) => header,
+                Err(e) => break Some(e),
+            };
+            match header.id {
+                wire::ID_DATA => {
+                    let len = match header.data_len() {
+                        Ok(len) => len,
+                        Err(e) => {
+                            let message =
+                                format!("protocol error pushing '{}': {e}", path.display());
+                            break Some(SyncError::Protocol(message));
+                        }
+                    };
+                    let payload = match self.read_vec(len, "a push").await {
+                        Ok(payload) => payload,
+                        Err(e) => break Some(e),
+                    };
+                    if chunks.send(PushInput::Data(payload)).await.is_err() {
+                        // The file thread stopped early: it failed and says why below.
+                        break None;
+                    }
+                }
+                wire::ID_DONE => {
+                    saw_done = true;
+                    let _ = chunks.send(PushInput::Done { mtime: header.len }).await;
+                    break None;
+                }
+                other => {
+                    let message = format!(
+                        "protocol error pushing '{}': expected DATA or DONE, got {}",
+                        path.display(),
+                        wire::id_name(other)
+                    );
+                    break Some(SyncError::Protocol(message));
+                }
+            }
+        };
+        // Without DONE in the queue the file thread discards its work; wait for that
+        // so nothing is left behind when we return.
+        drop(chunks);
+        let outcome = worker.await.unwrap_or_else(|e| {
+            Err(TransferFailure::Report(format!(
+                "couldn't push '{}': {e}",
+                path.display()
+            )))
+        });
+
+        match (stream_problem, outcome) {
+            (Some(SyncError::Protocol(message)), _) => {
+                self.fail(&message).await?;
+                Err(SyncError::Protocol(message))
+            }
+            (Some(stream_error), _) => Err(stream_error),
+            (None, Ok(())) => {
+                self.send(&wire::encode_okay()).await?;
+                Ok(Flow::Continue)
+            }
+            (None, Err(failure)) => {
+                let message = match failure {
+                    TransferFailure::Report(message) => message,
+                    TransferFailure::HostGone => {
+                        format!("couldn't push '{}': transfer aborted", path.display())
+                    }
+                };
+                self.fail(&message).await?;
+                if !saw_done {
+                    self.drain_failed_push().await;
+                }
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    /// After a failed push adbd keeps reading `DATA` until `DONE`, so a client that is
+    /// still writing is not cut off before it reads the `FAIL` (adb 29 polls for it
+    /// between chunks, stops, and sends `DONE`).
+    async fn drain_failed_push(&mut self) {
+        let mut scratch = vec![0u8; SYNC_DATA_MAX];
+        loop {
+            let Ok(header) = self.read_header("a failed push").await else {
+                return;
+            };
+            // DONE ends the push; anything else means the host has given up on it.
+            if header.id != wire::ID_DATA {
+                return;
+            }
+            let Ok(len) = header.data_len() else {
+                return;
+            };
+            if self
+                .read_exact(&mut scratch[..len], "a failed push")
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    // ----- RECV, RCV2 -----
+
+    /// `RCV2`: an `(id, flags)` setup frame follows the request.
+    async fn recv_v2(&mut self, path: PathBuf) -> Result<Flow, SyncError> {
+        let mut bytes = [0u8; wire::RECV_V2_SETUP_LEN];
+        self.read_exact(&mut bytes, "an RCV2 setup frame").await?;
+        let setup = wire::RecvV2Setup::parse(&bytes).expect("a full setup frame");
+        if setup.id != wire::ID_RECV_V2 {
+            debug!("sync: RCV2 setup frame has id {}", wire::id_name(setup.id));
+        }
+        match TransferFlags::from_recv_flags(setup.flags) {
+            Ok(flags) => self.recv(path, flags.compression).await,
+            Err(e) => {
+                self.fail(&format!("couldn't pull '{}': {e}", path.display()))
+                    .await?;
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    /// Streams the file as `DATA` frames (each header and payload in one buffer), then `DONE`.
+    async fn recv(&mut self, path: PathBuf, compression: Compression) -> Result<Flow, SyncError> {
+        let (frames, mut queue) = mpsc::channel::<Vec<u8>>(CHUNK_QUEUE_DEPTH);
+        let worker_path = path.clone();
+        let worker =
+            tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
+
+        while let Some(frame) = queue.recv().await {
+            if let Err(e) = self.io.get_mut().write_all(&frame).await {
+                drop(queue);
+                let _ = worker.await;
+                return Err(e.into());
+            }
+        }
+        let outcome = worker.await.unwrap_or_else(|e| {
+            Err(TransferFailure::Report(format!(
+                "couldn't pull '{}': {e}",
+                path.display()
+            )))
+        });
+        match outcome {
+            Ok(()) => {
+                self.send(&wire::encode_done(0)).await?;
+                Ok(Flow::Continue)
+            }
+            Err(TransferFailure::Report(message)) => {
+                // adbd ends the service after a failed pull; the client stops too.
+                self.fail(&message).await?;
+                Ok(Flow::End)
+            }
+            // Only happens when we stopped reading the queue, which returned above.
+            Err(TransferFailure::HostGone) => Err(SyncError::Truncated("a pull")),
+        }
+    }
+}
+
+/// The request path as the C string adbd would see: cut at the first NUL.
+fn path_from_request(raw: &[u8]) -> PathBuf {
+    PathBuf::from(OsStr::from_bytes(up_to_nul(raw)))
+}
+
+fn up_to_nul(bytes: &[u8]) -> &[u8] {
+    match bytes.iter().position(|&b| b == 0) {
+        Some(nul) => &bytes[..nul],
+        None => bytes,
+    }
+}
+
+fn stat_v2_of(md: &Metadata) -> StatV2 {
+    StatV2 {
+        error: 0,
+        dev: md.dev(),
+        ino: md.ino(),
+        mode: md.mode(),
+        nlink: md.nlink() as u32,
+        uid: md.uid(),
+        gid: md.gid(),
+        size: md.size(),
+        atime: md.atime(),
+        mtime: md.mtime(),
+        ctime: md.ctime(),
+    }
+}
+
+fn stat_v2_error(error: &io::Error) -> StatV2 {
+    StatV2::error(wire::errno_to_wire(
+        error.raw_os_error().unwrap_or(libc::EIO),
+    ))
+}
+
+/// Builds the whole `LIST`/`LIS2` reply. Like adbd: every `readdir` entry including
+/// `.` and `..`, each `lstat`ed; v1 skips entries whose `lstat` fails, v2 reports the
+/// errno; an unreadable directory is just an empty listing.
+fn list_reply(dir: &Path, v2: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    match directory_entry_names(dir) {
+        Ok(names) => {
+            for name in names {
+                let entry_path = dir.join(OsStr::from_bytes(&name));
+                let stat = match fs::symlink_metadata(&entry_path) {
+                    Ok(md) => stat_v2_of(&md),
+                    Err(_) if !v2 => continue,
+                    Err(e) => stat_v2_error(&e),
+                };
+                if v2 {
+                    wire::encode_dent_v2(&mut out, &stat, &name);
+                } else {
+                    // v1 fields are 32-bit on the wire.
+                    wire::encode_dent_v1(
+                        &mut out,
+                        stat.mode,
+                        stat.size as u32,
+                        stat.mtime as u32,
+                        &name,
+                    );
+                }
+            }
+        }
+        Err(e) => debug!("sync: can't list '{}': {e}", dir.display()),
+    }
+    if v2 {
+        out.extend_from_slice(&wire::encode_dent_v2_done());
+    } else {
+        out.extend_from_slice(&wire::encode_dent_v1_done());
+    }
+    out
+}
+
+/// Names from `readdir`, stopping quietly at the first error as adbd's loop does.
+fn directory_entry_names(dir: &Path) -> io::Result<Vec<Vec<u8>>> {
+    let handle = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)?;
+    let mut entries = rustix::fs::Dir::new(handle)?;
+    let mut names = Vec::new();
+    while let Some(Ok(entry)) = entries.read() {
+        names.push(entry.file_name().to_bytes().to_vec());
+    }
+    Ok(names)
+}
+
+/// How a transfer on the file thread ended badly.
+#[derive(Debug)]
+enum TransferFailure {
+    /// Send this message (naming the path and the cause) to the host as `FAIL`.
+    Report(String),
+    /// The host went away (or the async side stopped); there is nobody to tell.
+    HostGone,
+}
+
+/// What the async side hands the file thread during a push.
+enum PushInput {
+    Data(Vec<u8>),
+    /// End of the data; the value is the mtime to give the file.
+    Done {
+        mtime: u32,
+    },
+}
+
+/// The pushed bytes as a blocking reader that ends at `DONE`.
+struct ChunkReader {
+    queue: mpsc::Receiver<PushInput>,
+    chunk: Vec<u8>,
+    pos: usize,
+    done_mtime: Option<u32>,
+    host_gone: bool,
+    bytes_received: u64,
+}
+
+impl ChunkReader {
+    fn new(queue: mpsc::Receiver<PushInput>) -> Self {
+        Self {
+            queue,
+            chunk: Vec::new(),
+            pos: 0,
+            done_mtime: None,
+            host_gone: false,
+            bytes_received: 0,
+        }
+    }
+}
+
+impl BufRead for ChunkReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        while self.pos == self.chunk.len() {
+            if self.done_mtime.is_some() {
+                return Ok(&[]);
+            }
+            match self.queue.blocking_recv() {
+                Some(PushInput::Data(data)) => {
+                    self.bytes_received += data.len() as u64;
+                    self.chunk = data;
+                    self.pos = 0;
+                }
+                Some(PushInput::Done { mtime }) => self.done_mtime = Some(mtime),
+                None => {
+                    self.host_gone = true;
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the host stopped the push before DONE",
+                    ));
+                }
+            }
+        }
+        Ok(&self.chunk[self.pos..])
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.pos = (self.pos + amount).min(self.chunk.len());
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+/// Which side of a copy failed.
+enum CopyError {
+    Input(io::Error),
+    Output(io::Error),
+}
+
+fn copy_buffered(input: &mut impl BufRead, output: &mut impl Write) -> Result<(), CopyError> {
+    loop {
+        let written = {
+            let chunk = input.fill_buf().map_err(CopyError::Input)?;
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            output.write_all(chunk).map_err(CopyError::Output)?;
+            chunk.len()
+        };
+        input.consume(written);
+    }
+}
+
+fn copy_unbuffered(mut input: impl Read, output: &mut impl Write) -> Result<(), CopyError> {
+    let mut buf = vec![0u8; FILE_IO_BUFFER];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(CopyError::Input(e)),
+        };
+        output.write_all(&buf[..n]).map_err(CopyError::Output)?;
+    }
+}
+
+/// Decodes the pushed stream into `output`. The compressed formats are the ones adbd
+/// and the reference client use: one brotli stream, one LZ4 *frame* (LZ4F, any block
+/// mode), one zstd frame; nothing may follow the stream before `DONE`.
+fn decode_push_stream(
+    input: &mut ChunkReader,
+    compression: Compression,
+    output: &mut impl Write,
+) -> Result<(), CopyError> {
+    match compression {
+        Compression::None => copy_buffered(input, output)?,
+        Compression::Brotli => copy_unbuffered(
+            brotli::Decompressor::new(&mut *input, FILE_IO_BUFFER),
+            output,
+        )?,
+        Compression::Lz4 => {
+            copy_unbuffered(lz4_flex::frame::FrameDecoder::new(&mut *input), output)?
+        }
+        Compression::Zstd => {
+            let decoder = zstd::stream::read::Decoder::with_buffer(&mut *input)
+                .map_err(CopyError::Input)?
+                .single_frame();
+            copy_unbuffered(decoder, output)?
+        }
+    }
+    if compression != Compression::None && input.bytes_received == 0 {
+        return Err(CopyError::Input(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "empty compressed stream",
+        )));
+    }
+    // Reaching DONE here proves the decoder consumed everything the host sent.
+    if !input.fill_buf().map_err(CopyError::Input)?.is_empty() {
+        return Err(CopyError::Input(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "data after the end of the compressed stream",
+        )));
+    }
+    Ok(())
+}
+
+/// A push, run on a blocking thread.
+struct PushJob {
+    path: PathBuf,
+    /// Full `st_mode` from the host; `S_IFLNK` asks for a symlink, anything else a file.
+    mode: u32,
+    compression: Compression,
+    dry_run: bool,
+}
+
+impl PushJob {
+    fn run(self, mut input: ChunkReader) -> Result<(), TransferFailure> {
+        if self.dry_run {
+            // SND2 dry run: decode to validate, touch nothing.
+            return self.decode(&mut input, &mut io::sink(), "couldn't discard data for");
+        }
+        if self.mode & libc::S_IFMT == libc::S_IFLNK {
+            return self.push_symlink(&mut input);
+        }
+        match fs::symlink_metadata(&self.path) {
+            Ok(md) if md.is_dir() => Err(self.report("couldn't create file", is_a_directory())),
+            Ok(md) if is_special(&md) => self.push_in_place(&mut input),
+            // procfs/sysfs files can't get a sibling temp file; adbd writes them in place.
+            Ok(md) if md.is_file() && on_kernel_interface_fs(&self.path) => {
+                self.push_in_place(&mut input)
+            }
+            // Missing, a regular file, or a symlink (replaced by the file, as adbd does).
+            _ => self.push_replacing(&mut input),
+        }
+    }
+
+    fn report(&self, what: &str, cause: impl std::fmt::Display) -> TransferFailure {
+        TransferFailure::Report(format!("{what} '{}': {cause}", self.path.display()))
+    }
+
+    fn decode(
+        &self,
+        input: &mut ChunkReader,
+        output: &mut impl Write,
+        output_context: &str,
+    ) -> Result<(), TransferFailure> {
+        match decode_push_stream(input, self.compression, output) {
+            Ok(()) => Ok(()),
+            Err(_) if input.host_gone => Err(TransferFailure::HostGone),
+            Err(CopyError::Input(e)) => Err(self.report("couldn't decompress data for", e)),
+            Err(CopyError::Output(e)) => Err(self.report(output_context, e)),
+        }
+    }
+
+    /// The usual push: temporary file beside the destination, renamed over it after DONE.
+    fn push_replacing(&self, input: &mut ChunkReader) -> Result<(), TransferFailure> {
+        let (temp, file) = create_beside(&self.path, "couldn't create file", |candidate| {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(candidate)
+        })?;
+        self.decode(input, &mut &file, "couldn't write")?;
+        let mtime = input.done_mtime.expect("a finished push saw DONE");
+        apply_pushed_mode(&file, self.mode, &self.path);
+        let times = FileTimes::new()
+            .set_accessed(unix_time(mtime))
+            .set_modified(unix_time(mtime));
+        if let Err(e) = file.set_times(times) {
+            warn!(
+                "sync: couldn't set the mtime of '{}': {e}",
+                self.path.display()
+            );
+        }
+        drop(file);
+        match temp.rename_over(&self.path) {
+            Ok(()) => Ok(()),
+            // A mount point (say a bind-mounted /etc/hosts) can't be renamed over; adbd
+            // would write it in place, so copy the finished file into it.
+            Err((temp, e)) if e.raw_os_error() == Some(libc::EBUSY) => {
+                debug!(
+                    "sync: '{}' is busy ({e}); copying in place",
+                    self.path.display()
+                );
+                fs::copy(&temp.path, &self.path).map_err(|e| self.report("couldn't write", e))?;
+                if let Err(e) = set_mtime(&self.path, mtime, true) {
+                    warn!(
+                        "sync: couldn't set the mtime of '{}': {e}",
+                        self.path.display()
+                    );
+                }
+                Ok(())
+            }
+            Err((_, e)) => Err(self.report("couldn't replace", e)),
+        }
+    }
+
+    /// Devices, FIFOs and kernel interface files are written in place: never replaced,
+    /// chmod'ed or retimed. A FIFO blocks here until a reader opens it, as with adbd.
+    fn push_in_place(&self, input: &mut ChunkReader) -> Result<(), TransferFailure> {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| self.report("couldn't open for writing", e))?;
+        self.decode(input, &mut &file, "couldn't write")
+    }
+
+    /// The data is the link target followed by a NUL (the client sends `readlink()` + NUL).
+    fn push_symlink(&self, input: &mut ChunkReader) -> Result<(), TransferFailure> {
+        let mut target = Vec::new();
+        self.decode(
+            input,
+            &mut LimitedBuffer::new(&mut target),
+            "couldn't create symlink",
+        )?;
+        let target = up_to_nul(&target);
+        if target.is_empty() {
+            return Err(self.report("couldn't create symlink", "empty link target"));
+        }
+        let mtime = input.done_mtime.expect("a finished push saw DONE");
+        match fs::symlink_metadata(&self.path) {
+            Ok(md) if md.is_dir() => {
+                return Err(self.report("couldn't create symlink", is_a_directory()))
+            }
+            Ok(md) if is_special(&md) => {
+                return Err(self.report(
+                    "couldn't create symlink",
+                    "refusing to replace a device or FIFO",
+                ))
+            }
+            _ => {}
+        }
+        let (temp, ()) = create_beside(&self.path, "couldn't create symlink", |candidate| {
+            std::os::unix::fs::symlink(OsStr::from_bytes(target), candidate)
+        })?;
+        // Set on the link itself (AT_SYMLINK_NOFOLLOW): fixed_push_symlink_timestamp.
+        if let Err(e) = set_mtime(&temp.path, mtime, false) {
+            warn!(
+                "sync: couldn't set the mtime of symlink '{}': {e}",
+                self.path.display()
+            );
+        }
+        temp.rename_over(&self.path)
+            .map_err(|(_, e)| self.report("couldn't replace", e))
+    }
+}
+
+/// A file type that is neither regular, a directory nor a symlink.
+fn is_special(md: &Metadata) -> bool {
+    let kind = md.file_type();
+    kind.is_char_device() || kind.is_block_device() || kind.is_fifo() || kind.is_socket()
+}
+
+/// Whether `path` is on a kernel pseudo filesystem (magic numbers from linux/magic.h):
+/// proc, sysfs, configfs, debugfs, tracefs, cgroup, cgroup2, securityfs, selinuxfs.
+fn on_kernel_interface_fs(path: &Path) -> bool {
+    const KERNEL_FS_MAGICS: [u32; 9] = [
+        0x0000_9fa0,
+        0x6265_6572,
+        0x6265_6570,
+        0x6462_6720,
+        0x7472_6163,
+        0x0027_e0eb,
+        0x6367_7270,
+        0x7363_6673,
+        0xf97c_ff8c,
+    ];
+    match rustix::fs::statfs(path) {
+        // f_type's integer type varies by architecture; the magic is its low 32 bits.
+        Ok(fs) => KERNEL_FS_MAGICS.contains(&(fs.f_type as u64 as u32)),
+        Err(_) => false,
+    }
+}
+
+fn is_a_directory() -> io::Error {
+    io::Error::from_raw_os_error(libc::EISDIR)
+}
+
+fn unix_time(seconds: u32) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(seconds))
+}
+
+/// Sets atime and mtime (adbd sets both to the `DONE` timestamp); `follow: false`
+/// retimes a symlink itself.
+fn set_mtime(path: &Path, mtime: u32, follow: bool) -> io::Result<()> {
+    let when = rustix::fs::Timespec {
+        tv_sec: i64::from(mtime),
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: when,
+        last_modification: when,
+    };
+    let flags = if follow {
+        rustix::fs::AtFlags::empty()
+    } else {
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path, &times, flags)?;
+    Ok(())
+}
+
+/// Applies the module's permission rule: exactly `mode & 0o7777`, or `mode & 0o777`
+/// when the special bits are not ours to set. Other failures are only logged, as adbd
+/// ignores fchmod errors (not every filesystem supports it).
+fn apply_pushed_mode(file: &File, mode: u32, path: &Path) {
+    let wanted = mode & 0o7777;
+    match file.set_permissions(fs::Permissions::from_mode(wanted)) {
+        Ok(()) => {
+            // Linux may silently drop setgid instead of failing; say so.
+            if let Ok(md) = file.metadata() {
+                if md.mode() & 0o7777 != wanted {
+                    warn!(
+                        "sync: '{}' got mode {:o} instead of {wanted:o}",
+                        path.display(),
+                        md.mode() & 0o7777
+                    );
+                }
+            }
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && wanted & 0o7000 != 0 => {
+            let fallback = wanted & 0o777;
+            warn!(
+                "sync: may not set mode {wanted:o} on '{}' ({e}); using {fallback:o}",
+                path.display()
+            );
+            if let Err(e) = file.set_permissions(fs::Permissions::from_mode(fallback)) {
+                warn!("sync: couldn't chmod '{}': {e}", path.display());
+            }
+        }
+        Err(e) => warn!(
+            "sync: couldn't chmod '{}' to {wanted:o}: {e}",
+            path.display()
+        ),
+    }
+}
+
+/// Collects a symlink target, refusing more than PATH_MAX bytes.
+struct LimitedBuffer<'a> {
+    buf: &'a mut Vec<u8>,
+}
+
+impl<'a> LimitedBuffer<'a> {
+    fn new(buf: &'a mut Vec<u8>) -> Self {
+        Self { buf }
+    }
+}
+
+impl Write for LimitedBuffer<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len() + data.len() > SYMLINK_TARGET_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("link target longer than {SYMLINK_TARGET_MAX} bytes"),
+            ));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A temporary directory entry that is removed unless renamed into place.
+struct TempEntry {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl TempEntry {
+    /// On failure the entry comes back (still armed) with the error.
+    fn rename_over(mut self, destination: &Path) -> Result<(), (TempEntry, io::Error)> {
+        match fs::rename(&self.path, destination) {
+            Ok(()) => {
+                self.armed = false;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
+impl Drop for TempEntry {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = fs::remove_file(&self.path) {
+                warn!("sync: couldn't remove '{}': {e}", self.path.display());
+            }
+        }
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Creates a fresh temporary entry in `destination`'s directory (so the final rename is
+/// atomic), creating missing parent directories on ENOENT (`fixed_push_mkdir`).
+fn create_beside<T>(
+    destination: &Path,
+    what: &str,
+    mut create: impl FnMut(&Path) -> io::Result<T>,
+) -> Result<(TempEntry, T), TransferFailure> {
+    let dir = match destination.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let report =
+        |e: io::Error| TransferFailure::Report(format!("{what} '{}': {e}", destination.display()));
+    let mut made_parents = false;
+    // Names are unique per process; a clash means a leftover from a dead daemon.
+    for _ in 0..64 {
+        let name = format!(
+            "{TEMP_PREFIX}{}.{}",
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let candidate = dir.join(name);
+        match create(&candidate) {
+            Ok(made) => {
+                return Ok((
+                    TempEntry {
+                        path: candidate,
+                        armed: true,
+                    },
+                    made,
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !made_parents => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(PUSHED_DIR_MODE)
+                    .create(&dir)
+                    .map_err(|e| {
+                        TransferFailure::Report(format!(
+                            "{what} '{}': couldn't create directory '{}': {e}",
+                            destination.display(),
+                            dir.display()
+                        ))
+                    })?;
+                made_parents = true;
+            }
+            Err(e) => return Err(report(e)),
+        }
+    }
+    Err(report(io::Error::from(io::ErrorKind::AlreadyExists)))
+}
+
+/// Reads the file (on a blocking thread) and queues ready-made `DATA` frames.
+fn send_file(
+    path: &Path,
+    compression: Compression,
+    frames: mpsc::Sender<Vec<u8>>,
+) -> Result<(), TransferFailure> {
+    let report = |what: &str, e: io::Error| {
+        TransferFailure::Report(format!("{what} '{}': {e}", path.display()))
+    };
+    let mut file = File::open(path).map_err(|e| report("couldn't open", e))?;
+    if compression == Compression::None {
+        loop {
+            let mut frame = vec![0u8; HEADER_LEN + SYNC_DATA_MAX];
+            let n = read_up_to(&mut file, &mut frame[HEADER_LEN..])
+                .map_err(|e| report("couldn't read", e))?;
+            if n == 0 {
+                return Ok(());
+            }
+            frame[..HEADER_LEN].copy_from_slice(&wire::encode_data_header(n));
+            frame.truncate(HEADER_LEN + n);
+            frames
+                .blocking_send(frame)
+                .map_err(|_| TransferFailure::HostGone)?;
+        }
+    }
+
+    let framer = DataFramer::new(frames);
+    let classify = |e: CopyError, framer: &DataFramer| match e {
+        _ if framer.host_gone => TransferFailure::HostGone,
+        CopyError::Input(e) => report("couldn't read", e),
+        CopyError::Output(e) => report("couldn't compress", e),
+    };
+    // Encoders match adbd's: brotli quality 1, LZ4 frame with 64 KiB blocks, zstd level 1.
+    let framer = match compression {
+        Compression::Brotli => {
+            let mut encoder = brotli::CompressorWriter::new(
+                framer,
+                FILE_IO_BUFFER,
+                COMPRESSION_LEVEL,
+                BROTLI_WINDOW_BITS,
+            );
+            copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
+            encoder.into_inner()
+        }
+        Compression::Lz4 => {
+            let info =
+                lz4_flex::frame::FrameInfo::new().block_size(lz4_flex::frame::BlockSize::Max64KB);
+            let mut encoder = lz4_flex::frame::FrameEncoder::with_frame_info(info, framer);
+            copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
+            encoder
+                .finish()
+                .map_err(|e| report("couldn't compress", io::Error::other(e)))?
+        }
+        Compression::Zstd => {
+            let mut encoder = zstd::stream::write::Encoder::new(framer, COMPRESSION_LEVEL as i32)
+                .map_err(|e| report("couldn't compress", e))?;
+            copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
+            encoder
+                .finish()
+                .map_err(|e| report("couldn't compress", e))?
+        }
+        Compression::None => unreachable!("handled above"),
+    };
+    framer.finish()
+}
+
+/// Fills `buf` as far as the file allows, so frames are full-size.
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Cuts an encoder's output into `DATA` frames of at most `SYNC_DATA_MAX` bytes.
+struct DataFramer {
+    frames: mpsc::Sender<Vec<u8>>,
+    frame: Vec<u8>,
+    host_gone: bool,
+}
+
+impl DataFramer {
+    fn new(frames: mpsc::Sender<Vec<u8>>) -> Self {
+        Self {
+            frames,
+            frame: Self::empty_frame(),
+            host_gone: false,
+        }
+    }
+
+    fn empty_frame() -> Vec<u8> {
+        let mut frame = Vec::with_capacity(HEADER_LEN + SYNC_DATA_MAX);
+        frame.resize(HEADER_LEN, 0);
+        frame
+    }
+
+    fn emit(&mut self) -> io::Result<()> {
+        let payload = self.frame.len() - HEADER_LEN;
+        if payload == 0 {
+            return Ok(());
+        }
+        self.frame[..HEADER_LEN].copy_from_slice(&wire::encode_data_header(payload));
+        let frame = std::mem::replace(&mut self.frame, Self::empty_frame());
+        self.frames.blocking_send(frame).map_err(|_| {
+            self.host_gone = true;
+            io::Error::from(io::ErrorKind::BrokenPipe)
+        })
+    }
+
+    fn finish(mut self) -> Result<(), TransferFailure> {
+        if self.host_gone {
+            return Err(TransferFailure::HostGone);
+        }
+        self.emit().map_err(|_| TransferFailure::HostGone)
+    }
+}
+
+impl Write for DataFramer {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.host_gone {
+            return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+        }
+        let room = HEADER_LEN + SYNC_DATA_MAX - self.frame.len();
+        let n = room.min(data.len());
+        self.frame.extend_from_slice(&data[..n]);
+        if self.frame.len() == HEADER_LEN + SYNC_DATA_MAX {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+
+    /// Frames go out when full or at the end; an encoder's flush need not cut one short.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::os::unix::fs::symlink;
+    use tokio::io::DuplexStream;
+    use tokio::task::JoinHandle;
+
+    const REGULAR: u32 = libc::S_IFREG;
+    const MTIME: u32 = 1_234_567_890;
+
+    /// A minimal sync client, framing requests the way adb's `file_sync_client.cpp` does.
+    struct Client {
+        io: DuplexStream,
+        server: JoinHandle<Result<(), SyncError>>,
+    }
+
+    impl Client {
+        fn start() -> Self {
+            let (io, daemon_side) = tokio::io::duplex(1 << 20);
+            Self {
+                io,
+                server: tokio::spawn(serve(daemon_side)),
+            }
+        }
+
+        async fn write(&mut self, bytes: &[u8]) {
+            self.io
+                .write_all(bytes)
+                .await
+                .expect("write to the service");
+        }
+
+        async fn request(&mut self, id: u32, path: &[u8]) {
+            let request = wire::SyncRequest {
+                id,
+                path: path.to_vec(),
+            }
+            .encode()
+            .unwrap();
+            self.write(&request).await;
+        }
+
+        async fn read_vec(&mut self, len: usize) -> Vec<u8> {
+            let mut buf = vec![0u8; len];
+            self.io
+                .read_exact(&mut buf)
+                .await
+                .expect("read from the service");
+            buf
+        }
+
+        async fn read_header(&mut self) -> SyncHeader {
+            SyncHeader::parse(&self.read_vec(HEADER_LEN).await).unwrap()
+        }
+
+        /// `OKAY` → Ok, `FAIL` → Err(reason).
+        async fn status(&mut self) -> Result<(), String> {
+            let header = self.read_header().await;
+            match header.id {
+                wire::ID_OKAY => Ok(()),
+                wire::ID_FAIL => {
+                    Err(String::from_utf8(self.read_vec(header.len as usize).await).unwrap())
+                }
+                other => panic!("unexpected status {}", wire::id_name(other)),
+            }
+        }
+
+        async fn send_data(&mut self, payload: &[u8], chunk: usize) {
+            for piece in payload.chunks(chunk) {
+                self.write(&wire::encode_data(piece).unwrap()).await;
+            }
+        }
+
+        /// SEND v1 with `"path,mode"` (mode in decimal, like `"%s,%d"`).
+        async fn push_v1(&mut self, path: &Path, mode: u32, data: &[u8]) -> Result<(), String> {
+            let spec = format!("{},{mode}", path.display());
+            self.request(wire::ID_SEND_V1, spec.as_bytes()).await;
+            self.send_data(data, SYNC_DATA_MAX).await;
+            self.write(&wire::encode_done(MTIME)).await;
+            self.status().await
+        }
+
+        /// SND2 with `payload` already compressed as the flags say, cut into `chunk`s.
+        async fn push_v2(
+            &mut self,
+            path: &Path,
+            mode: u32,
+            flags: u32,
+            payload: &[u8],
+            chunk: usize,
+        ) -> Result<(), String> {
+            self.request(wire::ID_SEND_V2, path.as_os_str().as_bytes())
+                .await;
+            let setup = wire::SendV2Setup {
+                id: wire::ID_SEND_V2,
+                mode,
+                flags,
+            };
+            self.write(&setup.encode()).await;
+            self.send_data(payload, chunk).await;
+            self.write(&wire::encode_done(MTIME)).await;
+            self.status().await
+        }
+
+        /// RECV (flags == None) or RCV2; returns the raw concatenated DATA payloads.
+        async fn pull(&mut self, path: &Path, flags: Option<u32>) -> Result<Vec<u8>, String> {
+            let path = path.as_os_str().as_bytes();
+            match flags {
+                None => self.request(wire::ID_RECV_V1, path).await,
+                Some(flags) => {
+                    self.request(wire::ID_RECV_V2, path).await;
+                    self.write(
+                        &wire::RecvV2Setup {
+                            id: wire::ID_RECV_V2,
+                            flags,
+                        }
+                        .encode(),
+                    )
+                    .await;
+                }
+            }
+            let mut data = Vec::new();
+            loop {
+                let header = self.read_header().await;
+                match header.id {
+                    wire::ID_DATA => {
+                        assert!(header.len as usize <= SYNC_DATA_MAX, "oversized DATA");
+                        data.extend(self.read_vec(header.len as usize).await);
+                    }
+                    wire::ID_DONE => return Ok(data),
+                    wire::ID_FAIL => {
+                        let reason = self.read_vec(header.len as usize).await;
+                        return Err(String::from_utf8(reason).unwrap());
+                    }
+                    other => panic!("unexpected {}", wire::id_name(other)),
+                }
+            }
+        }
+
+        async fn stat_v1(&mut self, path: &Path) -> StatV1 {
+            self.request(wire::ID_LSTAT_V1, path.as_os_str().as_bytes())
+                .await;
+            let (id, stat) = StatV1::parse(&self.read_vec(wire::STAT_V1_LEN).await).unwrap();
+            assert_eq!(id, wire::ID_LSTAT_V1);
+            stat
+        }
+
+        async fn stat_v2(&mut self, id: u32, path: &Path) -> StatV2 {
+            self.request(id, path.as_os_str().as_bytes()).await;
+            let (reply_id, stat) = StatV2::parse(&self.read_vec(wire::STAT_V2_LEN).await).unwrap();
+            assert_eq!(reply_id, id);
+            stat
+        }
+
+        async fn list(&mut self, path: &Path, v2: bool) -> Vec<wire::Dent> {
+            let id = if v2 {
+                wire::ID_LIST_V2
+            } else {
+                wire::ID_LIST_V1
+            };
+            self.request(id, path.as_os_str().as_bytes()).await;
+            let fixed = if v2 {
+                wire::DENT_V2_LEN
+            } else {
+                wire::DENT_V1_LEN
+            };
+            let mut dents = Vec::new();
+            loop {
+                let mut bytes = self.read_vec(fixed).await;
+                let name_len = u32::from_le_bytes(bytes[fixed - 4..].try_into().unwrap());
+                bytes.extend(self.read_vec(name_len as usize).await);
+                let (dent, _) = if v2 {
+                    wire::parse_dent_v2(&bytes)
+                } else {
+                    wire::parse_dent_v1(&bytes)
+                }
+                .unwrap();
+                if dent.id == wire::ID_DONE {
+                    assert_eq!(bytes.len(), fixed, "DONE is a whole zeroed dent");
+                    assert!(bytes[4..].iter().all(|&b| b == 0));
+                    return dents;
+                }
+                assert_eq!(
+                    dent.id,
+                    if v2 {
+                        wire::ID_DENT_V2
+                    } else {
+                        wire::ID_DENT_V1
+                    }
+                );
+                dents.push(dent);
+            }
+        }
+
+        async fn quit(mut self) -> Result<(), SyncError> {
+            self.request(wire::ID_QUIT, b"").await;
+            self.server.await.unwrap()
+        }
+
+        /// Waits for the service to end on its own (after a FAIL, or once we hang up).
+        async fn finished(self) -> Result<(), SyncError> {
+            let Client { io, server } = self;
+            drop(io);
+            server.await.unwrap()
+        }
+    }
+
+    /// Compressible but not trivial: text runs mixed with pseudo-random bytes.
+    fn sample_data(len: usize) -> Vec<u8> {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            if state & 1 == 0 {
+                out.extend_from_slice(b"the quick brown fox jumps over the lazy dog ");
+            } else {
+                out.extend_from_slice(&state.to_le_bytes());
+            }
+        }
+        out.truncate(len);
+        out
+    }
+
+    /// Compresses as adb's client encoders do: brotli quality 1 (default window), an
+    /// LZ4F frame with default preferences (64 KiB linked blocks, no checksums), and a
+    /// streamed zstd level-1 frame without a content size.
+    fn compress_like_adb(compression: Compression, data: &[u8]) -> Vec<u8> {
+        match compression {
+            Compression::None => data.to_vec(),
+            Compression::Brotli => {
+                let mut out = Vec::new();
+                {
+                    let mut encoder = brotli::CompressorWriter::new(&mut out, 4096, 1, 22);
+                    encoder.write_all(data).unwrap();
+                }
+                out
+            }
+            Compression::Lz4 => {
+                let info = lz4_flex::frame::FrameInfo::new()
+                    .block_size(lz4_flex::frame::BlockSize::Max64KB)
+                    .block_mode(lz4_flex::frame::BlockMode::Linked);
+                let mut encoder = lz4_flex::frame::FrameEncoder::with_frame_info(info, Vec::new());
+                encoder.write_all(data).unwrap();
+                encoder.finish().unwrap()
+            }
+            Compression::Zstd => {
+                let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+                encoder.write_all(data).unwrap();
+                encoder.finish().unwrap()
+            }
+        }
+    }
+
+    fn decompress(compression: Compression, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        match compression {
+            Compression::None => out.extend_from_slice(data),
+            Compression::Brotli => {
+                brotli::Decompressor::new(data, 4096)
+                    .read_to_end(&mut out)
+                    .unwrap();
+            }
+            Compression::Lz4 => {
+                lz4_flex::frame::FrameDecoder::new(data)
+                    .read_to_end(&mut out)
+                    .unwrap();
+            }
+            Compression::Zstd => {
+                // The client's ZSTD_decompressStream loop accepts exactly one frame.
+                let mut decoder = zstd::stream::read::Decoder::new(data)
+                    .unwrap()
+                    .single_frame();
+                decoder.read_to_end(&mut out).unwrap();
+            }
+        }
+        out
+    }
+
+    const ALL_COMPRESSIONS: [Compression; 4] = [
+        Compression::None,
+        Compression::Brotli,
+        Compression::Lz4,
+        Compression::Zstd,
+    ];
+
+    fn temp_files_in(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(TEMP_PREFIX))
+            .collect()
+    }
+
+    fn perm_bits(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().mode() & 0o7777
+    }
+
+    fn c_path(path: &Path) -> CString {
+        CString::new(path.as_os_str().as_bytes()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn push_v1_writes_file_mode_and_mtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("file.bin");
+        let data = sample_data(200_000);
+        let mut client = Client::start();
+        client.push_v1(&dest, REGULAR | 0o644, &data).await.unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), data);
+        assert_eq!(perm_bits(&dest), 0o644);
+        assert_eq!(fs::metadata(&dest).unwrap().mtime(), i64::from(MTIME));
+        assert!(temp_files_in(dir.path()).is_empty());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_v1_small_file_in_one_write_like_adb() {
+        // adb sends SEND, DATA and DONE of a small file in a single write.
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("small");
+        let mut client = Client::start();
+        let mut batch = wire::SyncRequest {
+            id: wire::ID_SEND_V1,
+            path: format!("{},33188", dest.display()).into(),
+        }
+        .encode()
+        .unwrap();
+        batch.extend(wire::encode_data(b"hello").unwrap());
+        batch.extend(wire::encode_done(MTIME));
+        client.write(&batch).await;
+        client.status().await.unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"hello");
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_v1_empty_file_replaces_existing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("empty");
+        fs::write(&dest, b"old content").unwrap();
+        let mut client = Client::start();
+        client.push_v1(&dest, REGULAR | 0o600, b"").await.unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"");
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_v2_each_compression() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = sample_data(300_000);
+        let mut client = Client::start();
+        for compression in ALL_COMPRESSIONS {
+            let compressed = compress_like_adb(compression, &data);
+            // Odd chunk sizes check that the decoders resume across DATA boundaries.
+            for chunk in [SYNC_DATA_MAX, 1000] {
+                let dest = dir.path().join(format!("{compression:?}-{chunk}"));
+                client
+                    .push_v2(
+                        &dest,
+                        REGULAR | 0o640,
+                        compression.flag(),
+                        &compressed,
+                        chunk,
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{compression:?}: {e}"));
+                assert_eq!(fs::read(&dest).unwrap(), data, "{compression:?}");
+                assert_eq!(perm_bits(&dest), 0o640);
+                assert_eq!(fs::metadata(&dest).unwrap().mtime(), i64::from(MTIME));
+            }
+        }
+        assert!(temp_files_in(dir.path()).is_empty());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_v2_compressed_empty_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut client = Client::start();
+        for compression in [Compression::Brotli, Compression::Lz4, Compression::Zstd] {
+            let dest = dir.path().join(format!("{compression:?}"));
+            let payload = compress_like_adb(compression, b"");
+            client
+                .push_v2(&dest, REGULAR | 0o644, compression.flag(), &payload, 7)
+                .await
+                .unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"", "{compression:?}");
+        }
+        client.quit().await.unwrap();
+    }
+
+    #[test]
+    fn lz4_independent_blocks_and_checksums_decode_too() {
+        // LZ4F producers may pick other frame options; the decoder must take them all.
+        let data = sample_data(150_000);
+        let info = lz4_flex::frame::FrameInfo::new()
+            .block_size(lz4_flex::frame::BlockSize::Max256KB)
+            .block_checksums(true)
+            .content_checksum(true)
+            .content_size(Some(data.len() as u64));
+        let mut encoder = lz4_flex::frame::FrameEncoder::with_frame_info(info, Vec::new());
+        encoder.write_all(&data).unwrap();
+        let frame = encoder.finish().unwrap();
+
+        let (chunks, queue) = mpsc::channel(4);
+        let feeder = std::thread::spawn(move || {
+            for piece in frame.chunks(999) {
+                chunks
+                    .blocking_send(PushInput::Data(piece.to_vec()))
+                    .unwrap();
+            }
+            chunks.blocking_send(PushInput::Done { mtime: 0 }).unwrap();
+        });
+        let mut reader = ChunkReader::new(queue);
+        let mut out = Vec::new();
+        assert!(decode_push_stream(&mut reader, Compression::Lz4, &mut out).is_ok());
+        feeder.join().unwrap();
+        assert_eq!(out, data);
+    }
+
+    #[tokio::test]
+    async fn push_v2_corrupt_or_trailing_data_fails_and_keeps_destination() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("victim");
+        let data = sample_data(100_000);
+        let cases = [
+            (Compression::Zstd, b"definitely not zstd".to_vec()),
+            (Compression::Lz4, {
+                let mut frame = compress_like_adb(Compression::Lz4, &data);
+                frame.truncate(frame.len() / 2);
+                frame
+            }),
+            (Compression::Brotli, {
+                let mut stream = compress_like_adb(Compression::Brotli, &data);
+                stream.truncate(stream.len() - 10);
+                stream
+            }),
+            (Compression::Zstd, {
+                let mut frame = compress_like_adb(Compression::Zstd, &data);
+                frame.extend_from_slice(b"trailing junk");
+                frame
+            }),
+            (Compression::Zstd, Vec::new()),
+        ];
+        for (compression, payload) in cases {
+            fs::write(&dest, b"keep me").unwrap();
+            let mut client = Client::start();
+            let err = client
+                .push_v2(&dest, REGULAR | 0o644, compression.flag(), &payload, 4096)
+                .await
+                .unwrap_err();
+            assert!(err.contains("couldn't decompress data for"), "{err}");
+            assert!(err.contains(&dest.display().to_string()), "{err}");
+            // Like adbd, the service ends after a failed transfer.
+            client.finished().await.unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"keep me", "{compression:?}");
+            assert!(temp_files_in(dir.path()).is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn push_v2_dry_run_touches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = sample_data(100_000);
+        let mut client = Client::start();
+        for compression in ALL_COMPRESSIONS {
+            let dest = dir
+                .path()
+                .join("missing-dir")
+                .join(format!("{compression:?}"));
+            let payload = compress_like_adb(compression, &data);
+            let flags = compression.flag() | wire::SYNC_FLAG_DRY_RUN;
+            client
+                .push_v2(&dest, REGULAR | 0o644, flags, &payload, 5000)
+                .await
+                .unwrap();
+            assert!(!dir.path().join("missing-dir").exists());
+        }
+        let existing = dir.path().join("existing");
+        fs::write(&existing, b"unchanged").unwrap();
+        let symlink_mode = libc::S_IFLNK | 0o777;
+        client
+            .push_v2(
+                &existing,
+                symlink_mode,
+                wire::SYNC_FLAG_DRY_RUN,
+                b"target\0",
+                100,
+            )
+            .await
+            .unwrap();
+        client
+            .push_v2(
+                &existing,
+                REGULAR | 0o600,
+                wire::SYNC_FLAG_DRY_RUN,
+                b"new",
+                100,
+            )
+            .await
+            .unwrap();
+        assert_eq!(fs::read(&existing).unwrap(), b"unchanged");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_v2_bad_flags_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("x");
+        let mut client = Client::start();
+        client
+            .request(wire::ID_SEND_V2, dest.as_os_str().as_bytes())
+            .await;
+        let flags = wire::SYNC_FLAG_BROTLI | wire::SYNC_FLAG_ZSTD;
+        client
+            .write(
+                &wire::SendV2Setup {
+                    id: wire::ID_SEND_V2,
+                    mode: REGULAR | 0o644,
+                    flags,
+                }
+                .encode(),
+            )
+            .await;
+        let err = client.status().await.unwrap_err();
+        assert!(err.contains("multiple compression flags"), "{err}");
+        client.finished().await.unwrap();
+        assert!(!dest.exists());
+    }
+
+    #[tokio::test]
+    async fn push_creates_missing_parent_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a/b/c/file.txt");
+        let mut client = Client::start();
+        client
+            .push_v1(&dest, REGULAR | 0o644, b"nested")
+            .await
+            .unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"nested");
+        assert!(fs::metadata(dir.path().join("a/b")).unwrap().is_dir());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_keeps_exact_mode_despite_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut client = Client::start();
+        // adbd would turn 0751 into 0777; the umask would turn 0777 into 0755.
+        for mode in [0o751, 0o777, 0o600, 0o400, 0o4755, 0o2750, 0o1777] {
+            let dest = dir.path().join(format!("mode-{mode:o}"));
+            client.push_v1(&dest, REGULAR | mode, b"x").await.unwrap();
+            let got = perm_bits(&dest);
+            if mode & 0o7000 != 0 && got != mode {
+                // Not root: special bits may be refused, the rest must hold.
+                assert_eq!(got, mode & 0o777, "mode {mode:o}");
+            } else {
+                assert_eq!(got, mode, "mode {mode:o}");
+            }
+        }
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_interrupted_leaves_old_content_and_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("precious");
+        fs::write(&dest, b"old content").unwrap();
+        let mut client = Client::start();
+        client
+            .request(
+                wire::ID_SEND_V1,
+                format!("{},33188", dest.display()).as_bytes(),
+            )
+            .await;
+        client.send_data(&sample_data(300_000), SYNC_DATA_MAX).await;
+        // The host vanishes before DONE.
+        let result = client.finished().await;
+        assert!(matches!(result, Err(SyncError::Truncated(_))), "{result:?}");
+        assert_eq!(fs::read(&dest).unwrap(), b"old content");
+        assert!(temp_files_in(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn push_interrupted_mid_frame_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("new");
+        let mut client = Client::start();
+        client
+            .request(
+                wire::ID_SEND_V1,
+                format!("{},33188", dest.display()).as_bytes(),
+            )
+            .await;
+        let frame = wire::encode_data(&sample_data(SYNC_DATA_MAX)).unwrap();
+        client.write(&frame[..1000]).await;
+        assert!(client.finished().await.is_err());
+        assert!(!dest.exists());
+        assert!(temp_files_in(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn push_onto_fifo_writes_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        assert_eq!(unsafe { libc::mkfifo(c_path(&fifo).as_ptr(), 0o644) }, 0);
+        let reader_path = fifo.clone();
+        let reader = std::thread::spawn(move || fs::read(reader_path).unwrap());
+        let data = sample_data(150_000);
+        let mut client = Client::start();
+        client.push_v1(&fifo, REGULAR | 0o600, &data).await.unwrap();
+        assert_eq!(reader.join().unwrap(), data);
+        let md = fs::symlink_metadata(&fifo).unwrap();
+        assert!(md.file_type().is_fifo());
+        assert_eq!(md.mode() & 0o777, 0o644, "a FIFO's mode is left alone");
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_onto_private_char_device_writes_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("null");
+        let dev = libc::makedev(1, 3);
+        // A private /dev/null twin; never the real one.
+        let rc = unsafe { libc::mknod(c_path(&node).as_ptr(), libc::S_IFCHR | 0o666, dev) };
+        if rc != 0 {
+            eprintln!("skipping: mknod needs root: {}", io::Error::last_os_error());
+            return;
+        }
+        let mut client = Client::start();
+        client
+            .push_v1(&node, REGULAR | 0o600, &sample_data(200_000))
+            .await
+            .unwrap();
+        let md = fs::symlink_metadata(&node).unwrap();
+        assert!(md.file_type().is_char_device());
+        assert_eq!(md.rdev(), dev);
+        // A symlink push must not replace it either.
+        let err = client
+            .push_v1(&node, libc::S_IFLNK | 0o777, b"elsewhere\0")
+            .await
+            .unwrap_err();
+        assert!(err.contains("refusing to replace"), "{err}");
+        client.finished().await.unwrap();
+        assert!(fs::symlink_metadata(&node)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+
+    #[tokio::test]
+    async fn push_onto_kernel_interface_file_writes_in_place() {
+        // No temp file can be made in /proc; the push must write the file itself. This
+        // renames the blocking-pool thread that does the write, which is harmless.
+        let comm = Path::new("/proc/thread-self/comm");
+        let mut client = Client::start();
+        client
+            .push_v1(comm, REGULAR | 0o644, b"oxadb-sync\n")
+            .await
+            .unwrap();
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_onto_mount_point_copies_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("source");
+        fs::write(&source, b"mounted").unwrap();
+        let dest = dir.path().join("dest");
+        fs::write(&dest, b"original").unwrap();
+        let (from, onto) = (c_path(&source), c_path(&dest));
+        let flags = libc::MS_BIND;
+        let rc = unsafe {
+            libc::mount(
+                from.as_ptr(),
+                onto.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            eprintln!(
+                "skipping: bind mount unavailable: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        struct Unmount(CString);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+        let _mounted = Unmount(onto);
+        let mut client = Client::start();
+        client
+            .push_v1(&dest, REGULAR | 0o640, b"pushed")
+            .await
+            .unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"pushed");
+        assert_eq!(
+            fs::read(&source).unwrap(),
+            b"pushed",
+            "written through the mount"
+        );
+        assert_eq!(fs::metadata(&dest).unwrap().mtime(), i64::from(MTIME));
+        assert!(temp_files_in(dir.path()).is_empty());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_onto_directory_fails_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("subdir");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("inside"), b"x").unwrap();
+        let mut client = Client::start();
+        let err = client
+            .push_v1(&target, REGULAR | 0o644, &sample_data(200_000))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "couldn't create file '{}': Is a directory (os error 21)",
+                target.display()
+            )
+        );
+        client.finished().await.unwrap();
+        assert!(target.join("inside").exists());
+        assert!(temp_files_in(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn push_into_path_under_a_file_names_path_and_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("plainfile");
+        fs::write(&blocker, b"x").unwrap();
+        let dest = blocker.join("child");
+        let mut client = Client::start();
+        // The data keeps coming after the FAIL; the service drains it up to DONE.
+        let err = client
+            .push_v1(&dest, REGULAR | 0o644, &sample_data(500_000))
+            .await
+            .unwrap_err();
+        assert!(
+            err.starts_with(&format!("couldn't create file '{}': ", dest.display())),
+            "{err}"
+        );
+        assert!(err.contains("Not a directory"), "{err}");
+        client.finished().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_symlink_creates_link_with_timestamp() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("deep/link");
+        let mut client = Client::start();
+        // adb sends readlink() output plus a NUL.
+        client
+            .push_v1(&link, libc::S_IFLNK | 0o777, b"../some/target\0")
+            .await
+            .unwrap();
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("../some/target"));
+        assert_eq!(
+            fs::symlink_metadata(&link).unwrap().mtime(),
+            i64::from(MTIME)
+        );
+
+        // Replacing a regular file and an existing link, atomically.
+        let file = dir.path().join("was-a-file");
+        fs::write(&file, b"x").unwrap();
+        client
+            .push_v1(&file, libc::S_IFLNK | 0o777, b"new-target\0")
+            .await
+            .unwrap();
+        assert_eq!(fs::read_link(&file).unwrap(), Path::new("new-target"));
+        client
+            .push_v1(&link, libc::S_IFLNK | 0o777, b"other\0")
+            .await
+            .unwrap();
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("other"));
+        assert!(temp_files_in(dir.path()).is_empty());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_regular_file_replaces_symlink_not_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, b"target content").unwrap();
+        let link = dir.path().join("link");
+        symlink(&target, &link).unwrap();
+        let mut client = Client::start();
+        client
+            .push_v1(&link, REGULAR | 0o644, b"pushed")
+            .await
+            .unwrap();
+        assert!(fs::symlink_metadata(&link).unwrap().is_file());
+        assert_eq!(fs::read(&link).unwrap(), b"pushed");
+        assert_eq!(fs::read(&target).unwrap(), b"target content");
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_oversized_data_chunk_is_a_protocol_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("x");
+        fs::write(&dest, b"old").unwrap();
+        let mut client = Client::start();
+        client
+            .request(
+                wire::ID_SEND_V1,
+                format!("{},33188", dest.display()).as_bytes(),
+            )
+            .await;
+        client
+            .write(&SyncHeader::new(wire::ID_DATA, SYNC_DATA_MAX as u32 + 1).encode())
+            .await;
+        let err = client.status().await.unwrap_err();
+        assert!(err.contains("DATA chunk too long"), "{err}");
+        assert!(err.contains(&dest.display().to_string()), "{err}");
+        assert!(matches!(
+            client.finished().await,
+            Err(SyncError::Protocol(_))
+        ));
+        assert_eq!(fs::read(&dest).unwrap(), b"old");
+        assert!(temp_files_in(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn bad_send_v1_spec_fails() {
+        let mut client = Client::start();
+        client.request(wire::ID_SEND_V1, b"/tmp/no-mode-here").await;
+        client.write(&wire::encode_done(0)).await;
+        let err = client.status().await.unwrap_err();
+        assert!(
+            err.contains("missing ','") && err.contains("/tmp/no-mode-here"),
+            "{err}"
+        );
+        client.finished().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn stat_variants_on_file_symlink_and_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        fs::write(&file, b"12345").unwrap();
+        let link = dir.path().join("link");
+        symlink("file", &link).unwrap();
+        let missing = dir.path().join("missing");
+        let file_md = fs::metadata(&file).unwrap();
+        let mut client = Client::start();
+
+        let v1 = client.stat_v1(&file).await;
+        assert_eq!(
+            v1,
+            StatV1 {
+                mode: file_md.mode(),
+                size: 5,
+                mtime: file_md.mtime() as u32
+            }
+        );
+        let v1 = client.stat_v1(&link).await;
+        assert_eq!(v1.mode & libc::S_IFMT, libc::S_IFLNK);
+        assert_eq!(v1.size, 4);
+        assert_eq!(client.stat_v1(&missing).await, StatV1::default());
+
+        let lst2 = client.stat_v2(wire::ID_LSTAT_V2, &link).await;
+        assert_eq!(lst2.error, 0);
+        assert_eq!(lst2.mode & libc::S_IFMT, libc::S_IFLNK);
+        let sta2 = client.stat_v2(wire::ID_STAT_V2, &link).await;
+        assert_eq!(sta2, stat_v2_of(&file_md));
+        assert_eq!(sta2.size, 5);
+        assert_eq!(sta2.nlink, 1);
+
+        let gone = client.stat_v2(wire::ID_LSTAT_V2, &missing).await;
+        assert_eq!(gone, StatV2::error(libc::ENOENT as u32));
+        let dangling = dir.path().join("dangling");
+        symlink("nowhere", &dangling).unwrap();
+        assert_eq!(
+            client.stat_v2(wire::ID_STAT_V2, &dangling).await.error,
+            libc::ENOENT as u32
+        );
+        assert_eq!(client.stat_v2(wire::ID_LSTAT_V2, &dangling).await.error, 0);
+        let under_file = file.join("x");
+        assert_eq!(
+            client.stat_v2(wire::ID_STAT_V2, &under_file).await.error,
+            libc::ENOTDIR as u32
+        );
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn list_v1_and_v2() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("a.txt"), b"abc").unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        symlink("a.txt", dir.path().join("ln")).unwrap();
+        let mut client = Client::start();
+
+        for v2 in [false, true] {
+            let dents = client.list(dir.path(), v2).await;
+            let mut names: Vec<_> = dents.iter().map(|d| d.name.clone()).collect();
+            names.sort();
+            let expected: Vec<Vec<u8>> = [".", "..", "a.txt", "ln", "sub"]
+                .iter()
+                .map(|n| n.as_bytes().to_vec())
+                .collect();
+            assert_eq!(names, expected, "v2={v2}");
+            let find = |name: &str| dents.iter().find(|d| d.name == name.as_bytes()).unwrap();
+            assert_eq!(find("a.txt").stat.mode & libc::S_IFMT, libc::S_IFREG);
+            assert_eq!(find("a.txt").stat.size, 3);
+            assert_eq!(
+                find("ln").stat.mode & libc::S_IFMT,
+                libc::S_IFLNK,
+                "lstat semantics"
+            );
+            assert_eq!(find("sub").stat.mode & libc::S_IFMT, libc::S_IFDIR);
+            if v2 {
+                let md = fs::symlink_metadata(dir.path().join("a.txt")).unwrap();
+                assert_eq!(find("a.txt").stat, stat_v2_of(&md));
+            }
+        }
+        // Unlistable paths give an empty listing, as with adbd.
+        assert!(client
+            .list(&dir.path().join("missing"), true)
+            .await
+            .is_empty());
+        assert!(client
+            .list(&dir.path().join("a.txt"), false)
+            .await
+            .is_empty());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn recv_and_rcv2_each_compression() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("source");
+        let data = sample_data(333_333);
+        fs::write(&file, &data).unwrap();
+        let empty = dir.path().join("empty");
+        fs::write(&empty, b"").unwrap();
+        let mut client = Client::start();
+
+        assert_eq!(client.pull(&file, None).await.unwrap(), data);
+        assert_eq!(client.pull(&empty, None).await.unwrap(), b"");
+        for compression in ALL_COMPRESSIONS {
+            let raw = client.pull(&file, Some(compression.flag())).await.unwrap();
+            assert_eq!(decompress(compression, &raw), data, "{compression:?}");
+            let raw = client.pull(&empty, Some(compression.flag())).await.unwrap();
+            assert_eq!(decompress(compression, &raw), b"", "{compression:?}");
+        }
+        // Pulling through a symlink reads its target, as open() does.
+        let link = dir.path().join("link");
+        symlink("source", &link).unwrap();
+        assert_eq!(client.pull(&link, None).await.unwrap(), data);
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn recv_uses_full_size_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("source");
+        fs::write(&file, sample_data(3 * SYNC_DATA_MAX + 10)).unwrap();
+        let mut client = Client::start();
+        client
+            .request(wire::ID_RECV_V1, file.as_os_str().as_bytes())
+            .await;
+        let mut sizes = Vec::new();
+        loop {
+            let header = client.read_header().await;
+            if header.id == wire::ID_DONE {
+                assert_eq!(header.len, 0);
+                break;
+            }
+            sizes.push(header.len as usize);
+            client.read_vec(header.len as usize).await;
+        }
+        assert_eq!(sizes, [SYNC_DATA_MAX, SYNC_DATA_MAX, SYNC_DATA_MAX, 10]);
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn recv_missing_file_fails_naming_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let mut client = Client::start();
+        let err = client.pull(&missing, None).await.unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "couldn't open '{}': No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+        client.finished().await.unwrap();
+
+        let mut client = Client::start();
+        let err = client
+            .pull(dir.path(), Some(wire::SYNC_FLAG_ZSTD))
+            .await
+            .unwrap_err();
+        assert!(err.contains("Is a directory") && err.contains(&dir.path().display().to_string()));
+        client.finished().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn unknown_request_fails_and_ends() {
+        let mut client = Client::start();
+        client.request(wire::make_id(b"WHAT"), b"/").await;
+        let err = client.status().await.unwrap_err();
+        assert!(
+            err.contains("unknown command") && err.contains("WHAT"),
+            "{err}"
+        );
+        assert!(matches!(
+            client.server.await.unwrap(),
+            Err(SyncError::Protocol(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn overlong_path_fails_and_ends() {
+        let mut client = Client::start();
+        client
+            .write(&SyncHeader::new(wire::ID_LSTAT_V2, 1025).encode())
+            .await;
+        let err = client.status().await.unwrap_err();
+        assert!(err.contains("path too long"), "{err}");
+        assert!(matches!(
+            client.server.await.unwrap(),
+            Err(SyncError::Protocol(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn host_closing_between_requests_is_a_clean_end() {
+        let client = Client::start();
+        client.finished().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_answered_in_order() {
+        // `adb sync` sends a batch of LST2 requests before reading any reply.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        let mut client = Client::start();
+        let mut batch = Vec::new();
+        for path in [&file, &dir.path().join("missing"), &file] {
+            let request = wire::SyncRequest {
+                id: wire::ID_LSTAT_V2,
+                path: path.as_os_str().as_bytes().to_vec(),
+            };
+            batch.extend(request.encode().unwrap());
+        }
+        client.write(&batch).await;
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            let (_, stat) = StatV2::parse(&client.read_vec(wire::STAT_V2_LEN).await).unwrap();
+            errors.push(stat.error);
+        }
+        assert_eq!(errors, [0, libc::ENOENT as u32, 0]);
+        client.quit().await.unwrap();
+    }
+
+    /// `cargo test --release -p oxadbd -- --ignored --nocapture throughput`
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "benchmark"]
+    async fn throughput_push_and_pull() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("big");
+        let size = 512 * 1024 * 1024;
+        let chunk = sample_data(SYNC_DATA_MAX);
+        let mut client = Client::start();
+        let started = std::time::Instant::now();
+        client
+            .request(
+                wire::ID_SEND_V1,
+                format!("{},33188", dest.display()).as_bytes(),
+            )
+            .await;
+        let frame = wire::encode_data(&chunk).unwrap();
+        for _ in 0..size / SYNC_DATA_MAX {
+            client.write(&frame).await;
+        }
+        client.write(&wire::encode_done(MTIME)).await;
+        client.status().await.unwrap();
+        let push = started.elapsed();
+        assert_eq!(fs::metadata(&dest).unwrap().len(), size as u64);
+
+        let started = std::time::Instant::now();
+        client
+            .request(wire::ID_RECV_V1, dest.as_os_str().as_bytes())
+            .await;
+        let mut total = 0;
+        let mut buf = vec![0u8; SYNC_DATA_MAX];
+        loop {
+            let header = client.read_header().await;
+            if header.id == wire::ID_DONE {
+                break;
+            }
+            client
+                .io
+                .read_exact(&mut buf[..header.len as usize])
+                .await
+                .unwrap();
+            total += header.len as usize;
+        }
+        let pull = started.elapsed();
+        assert_eq!(total, size);
+        let mib = (size >> 20) as f64;
+        println!(
+            "push {:.0} MiB/s, pull {:.0} MiB/s",
+            mib / push.as_secs_f64(),
+            mib / pull.as_secs_f64()
+        );
+        client.quit().await.unwrap();
+    }
+}

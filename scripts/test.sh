@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The test command of oxadb: ./scripts/test.sh
+#
+# On a fresh Debian 12 machine (run as root, or with sudo available) it
+#   1. installs Debian's `adb` package (Google adb 29.0.6) if adb is missing,
+#   2. installs the pinned Python test dependencies,
+#   3. builds the workspace (release),
+#   4. checks formatting,
+#   5. runs clippy with warnings denied,
+#   6. runs the Rust tests,
+#   7. runs the interop suite (tests/interop) of stock adb against oxadbd.
+# Any failure stops the run with a non-zero exit status. Nothing is skipped:
+# a missing peer (adb, python, cargo, oxadbd) is an error.
+#
+# Options (environment):
+#   PYTEST_ARGS  extra arguments for pytest (e.g. "-k shell -x")
+
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO="$(pwd)"
+
+ADB_WANT="29.0.6"
+START=$SECONDS
+PHASE=0
+PHASES=7
+
+phase() {
+    PHASE=$((PHASE + 1))
+    printf '\n==> [%d/%d] %s   (t=%ds)\n' "$PHASE" "$PHASES" "$*" "$((SECONDS - START))"
+}
+
+die() {
+    printf '\nERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+trap 'rc=$?; if [ $rc -ne 0 ]; then printf "\nFAILED in phase %d (exit %d) after %ds\n" "$PHASE" "$rc" "$((SECONDS - START))" >&2; fi' EXIT
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "need root to run: $*"
+    fi
+}
+
+# --------------------------------------------------------------------------------
+phase "Google adb ${ADB_WANT} (Debian package adb)"
+if ! command -v adb >/dev/null 2>&1; then
+    echo "adb not found: installing Debian's adb package"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y adb
+fi
+command -v adb >/dev/null 2>&1 || die "adb is still not on PATH after installing the adb package"
+ADB_VERSION_TEXT="$(adb version 2>&1)" || die "\`adb version\` failed: ${ADB_VERSION_TEXT}"
+echo "${ADB_VERSION_TEXT}"
+case "${ADB_VERSION_TEXT}" in
+    *"${ADB_WANT}"*) ;;
+    *) die "the interop suite needs adb ${ADB_WANT} (Debian 12's adb package); \`adb version\` says: ${ADB_VERSION_TEXT}" ;;
+esac
+for tool in mount umount chattr; do
+    command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is missing (needed by the read-only destination tests)"
+done
+
+# --------------------------------------------------------------------------------
+phase "Python test dependencies (tests/requirements.txt)"
+command -v python3 >/dev/null 2>&1 || die "python3 is missing"
+python3 -m pip --version >/dev/null 2>&1 || die "pip is missing for python3 (python3 -m pip)"
+PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    python3 -m pip install -q -r tests/requirements.txt
+python3 -m pytest --version
+
+# --------------------------------------------------------------------------------
+phase "cargo build --release --workspace"
+command -v cargo >/dev/null 2>&1 || die "cargo is missing"
+cargo build --release --workspace
+[ -x target/release/oxadbd ] || die "target/release/oxadbd was not built"
+
+# --------------------------------------------------------------------------------
+phase "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+# --------------------------------------------------------------------------------
+phase "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+# --------------------------------------------------------------------------------
+phase "cargo test --workspace --release"
+cargo test --workspace --release
+
+# --------------------------------------------------------------------------------
+phase "interop: stock adb ${ADB_WANT} against oxadbd (pytest tests/interop)"
+export OXADBD="${REPO}/target/release/oxadbd"
+# shellcheck disable=SC2086
+python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
+
+printf '\nAll %d phases passed in %ds\n' "$PHASES" "$((SECONDS - START))"

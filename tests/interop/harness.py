@@ -1,0 +1,335 @@
+"""Process harness for the interop suite: a private oxadbd and a private adb server.
+
+Nothing here touches anything outside the test's own temporary directories and
+the loopback ports it picked:
+  * oxadbd listens on a free 127.0.0.1 port and is stopped via its Popen object;
+  * the adb server runs on a private port (`adb -P PORT`) with a private HOME
+    (so ~/.android/adbkey lands in a temp dir) and a private TMPDIR (so the
+    server log, adb.<uid>.log, does too), and is always stopped with
+    `adb -P PORT kill-server`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ADB_VERSION = "29.0.6"
+
+ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+
+# Every adb invocation in the suite gets one of these as its timeout.
+ADB_TIMEOUT = 60
+
+
+def free_port() -> int:
+    """A currently free loopback TCP port from the kernel's ephemeral range.
+
+    The ephemeral range (32768+) never overlaps 5555..5585, which adb servers
+    started without ADB_EMU=0 (other people's) poll for emulators: a daemon
+    there would be auto-connected by them.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert not 5554 <= port <= 5586
+    return port
+
+
+def sha256_file(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def write_random(path: Path, size: int) -> str:
+    """Write `size` random bytes to `path`, return their sha256."""
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            chunk = os.urandom(min(left, 4 << 20))
+            f.write(chunk)
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
+def resolve_oxadbd() -> Path:
+    raw = os.environ.get("OXADBD", "target/release/oxadbd")
+    p = Path(raw)
+    if not p.is_absolute():
+        cand = Path.cwd() / p
+        p = cand if cand.exists() else REPO / p
+    return p
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith(("ANDROID_", "ADB_", "OXADBD_")) or k in ("RUST_LOG",):
+            del env[k]
+    env["NO_COLOR"] = "1"
+    env["LC_ALL"] = "C.UTF-8"
+    env.update(extra)
+    return env
+
+
+def strip_ansi(b: bytes) -> bytes:
+    return ANSI.sub(b"", b)
+
+
+class Daemon:
+    """One oxadbd process on a free loopback port; stderr+stdout go to a file."""
+
+    def __init__(self, exe: Path, workdir: Path, name: str = "oxadbd",
+                 args: tuple[str, ...] = (), rust_log: str | None = "debug"):
+        self.exe = exe
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"{name}.log"
+        self.args = tuple(args)
+        self.rust_log = rust_log
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def serial(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "Daemon":
+        if not self.exe.exists():
+            raise AssertionError(
+                f"oxadbd binary not found at {self.exe} (set OXADBD or run "
+                f"`cargo build --release -p oxadbd`)")
+        env = clean_env()
+        if self.rust_log:
+            env["RUST_LOG"] = self.rust_log
+        last_err = ""
+        for _attempt in range(3):
+            port = free_port()
+            start_at = self.log_size()
+            log = open(self.log_path, "ab")
+            try:
+                self.proc = subprocess.Popen(
+                    [str(self.exe), "--listen", f"127.0.0.1:{port}", *self.args],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    env=env, cwd=str(self.workdir), umask=0o022)
+            finally:
+                log.close()
+            want = f"listening on 127.0.0.1:{port}".encode()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                text = self.log_since(start_at)
+                if want in text:
+                    self.port = port
+                    return self
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+            text = self.log_since(start_at).decode("utf-8", "replace")
+            rc = self.proc.poll()
+            self._stop_proc()
+            last_err = f"exit status {rc}; log:\n{text}"
+            if rc is not None and "in use" in text.lower():
+                continue  # lost a port race; try another port
+            break
+        raise AssertionError(
+            f"oxadbd did not print 'listening on 127.0.0.1:PORT' within {timeout}s: {last_err}")
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def log_since(self, offset: int = 0) -> bytes:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return strip_ansi(f.read())
+        except FileNotFoundError:
+            return b""
+
+    def wait_for_log(self, predicate, since: int = 0, timeout: float = 5.0) -> str | None:
+        """Poll the log until a line satisfies `predicate(line)`; return it or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log_since(since).decode("utf-8", "replace").splitlines():
+                if predicate(line):
+                    return line
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _stop_proc(self) -> None:
+        p = self.proc
+        if p is None:
+            return
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+    def stop(self) -> None:
+        self._stop_proc()
+
+
+class AdbResult:
+    def __init__(self, args: list[str], cp: subprocess.CompletedProcess):
+        self.args = args
+        self.rc = cp.returncode
+        self.stdout: bytes = cp.stdout or b""
+        self.stderr: bytes = cp.stderr or b""
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    @property
+    def both(self) -> str:
+        return self.out + self.err
+
+    def __repr__(self) -> str:
+        return (f"<adb {' '.join(self.args)} rc={self.rc} stdout={self.stdout[:2000]!r} "
+                f"stderr={self.stderr[:2000]!r}>")
+
+
+class AdbServer:
+    """A private Google adb server: own port, own HOME, own TMPDIR."""
+
+    def __init__(self, adb: str, workdir: Path):
+        self.adb = adb
+        self.workdir = workdir
+        self.home = workdir / "home"
+        self.tmp = workdir / "tmp"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        # ADB_EMU=0: no scan of 127.0.0.1:5555..5585 for emulators (it would
+        # attach any other adbd on the machine, e.g. an oxadbd on its default
+        # port); ADB_USB=0: no USB scanning. `adb connect` works regardless.
+        self.env = clean_env(HOME=str(self.home), TMPDIR=str(self.tmp),
+                             ADB_EMU="0", ADB_USB="0", ADB_MDNS="0")
+        self.started = False
+
+    @property
+    def log_path(self) -> Path:
+        return self.tmp / f"adb.{os.getuid()}.log"
+
+    def argv(self, *args: str, serial: str | None = None) -> list[str]:
+        cmd = [self.adb, "-P", str(self.port)]
+        if serial:
+            cmd += ["-s", serial]
+        return cmd + list(args)
+
+    def run(self, *args: str, serial: str | None = None, timeout: float = ADB_TIMEOUT,
+            input: bytes | None = None, cwd: str | None = None) -> AdbResult:
+        cmd = self.argv(*args, serial=serial)
+        try:
+            cp = subprocess.run(
+                cmd, input=input, stdin=None if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
+                timeout=timeout, cwd=cwd or str(self.workdir), umask=0o022)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(
+                f"`{' '.join(cmd)}` did not finish within {timeout}s; "
+                f"stdout={e.stdout!r:.2000} stderr={e.stderr!r:.2000}") from None
+        return AdbResult(cmd[3 if not serial else 5:], cp)
+
+    def popen(self, *args: str, serial: str | None = None, **kw) -> subprocess.Popen:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        return subprocess.Popen(self.argv(*args, serial=serial), env=self.env,
+                                cwd=str(self.workdir), umask=0o022, **kw)
+
+    def start(self) -> "AdbServer":
+        r = self.run("start-server", timeout=60)
+        self.started = True
+        if r.rc != 0:
+            raise AssertionError(f"adb start-server failed: {r!r}\nlog:\n{self.log_text()}")
+        return self
+
+    def connect(self, serial: str, timeout: float = 20.0) -> AdbResult:
+        r = self.run("connect", serial, timeout=timeout)
+        if r.rc != 0 or f"connected to {serial}" not in r.out:
+            raise AssertionError(f"adb connect {serial} failed: {r!r}")
+        self.wait_device(serial, timeout=timeout)
+        return r
+
+    def devices(self) -> dict[str, str]:
+        r = self.run("devices", timeout=20)
+        found = {}
+        for line in r.out.splitlines()[1:]:
+            if "\t" in line:
+                s, state = line.split("\t", 1)
+                found[s] = state.strip()
+        return found
+
+    def wait_device(self, serial: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = {}
+        while time.monotonic() < deadline:
+            last = self.devices()
+            if last.get(serial) == "device":
+                return
+            time.sleep(0.1)
+        raise AssertionError(
+            f"{serial} did not reach state 'device' within {timeout}s; adb devices: {last}")
+
+    def disconnect(self, serial: str) -> None:
+        self.run("disconnect", serial, timeout=20)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def kill(self) -> None:
+        if not self.started:
+            return
+        try:
+            self.run("kill-server", timeout=20)
+        except AssertionError:
+            pass
+        # kill-server returns before the server has exited; wait for the port to close.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                if s.connect_ex(("127.0.0.1", self.port)) != 0:
+                    break
+            time.sleep(0.1)
+        self.started = False
+
+
+def which_adb() -> str:
+    adb = shutil.which("adb")
+    if not adb:
+        raise AssertionError("`adb` is not installed (Debian package `adb` 29.0.6); "
+                             "run ./scripts/test.sh, which installs it")
+    return adb

@@ -86,6 +86,23 @@ pub enum ProtocolError {
     UnknownStream { command: Command, id: u32 },
     #[error("{0} is not supported by this implementation")]
     Unsupported(Command),
+    #[error("AUTH of unexpected type {0}")]
+    BadAuth(u32),
+}
+
+/// AUTH packet types (arg0).
+pub const AUTH_TOKEN: u32 = 1;
+pub const AUTH_SIGNATURE: u32 = 2;
+pub const AUTH_RSAPUBLICKEY: u32 = 3;
+
+/// A host's answer to an AUTH token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthReply {
+    /// RSA signature of the token with one of our keys.
+    Signature(Bytes),
+    /// Our public key in Android format, base64, ` user@host` and a NUL, for the
+    /// device to offer its user (sent once every key's signature was refused).
+    PublicKey(Bytes),
 }
 
 /// Misuse of a stream by the local application.
@@ -106,6 +123,9 @@ pub enum Event {
     Connected,
     /// The peer wants a service; answer with [`Connection::accept`] or [`Connection::refuse`].
     OpenRequest { id: StreamId, service: String },
+    /// The device asks us (the host) to sign `token`; answer with
+    /// [`Connection::send_auth`]. `attempt` counts challenges on this connection.
+    AuthChallenge { token: Bytes, attempt: u32 },
     /// Our OPEN was accepted.
     Opened(StreamId),
     /// Our OPEN was refused (the stream is gone).
@@ -138,6 +158,8 @@ pub struct Peer {
 /// Per-stream counters, for statistics and logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StreamStats {
+    /// Whether the stream ran with delayed-ack credit (burst mode).
+    pub delayed_ack: bool,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub packets_sent: u64,
@@ -186,6 +208,7 @@ pub struct Connection {
     okay_scratch: Vec<Option<i32>>,
     /// Streams we closed while our OPEN was unanswered.
     abandoned_opens: HashSet<u32>,
+    auth_challenges: u32,
 }
 
 impl Connection {
@@ -200,6 +223,7 @@ impl Connection {
             events: VecDeque::new(),
             okay_scratch: Vec::new(),
             abandoned_opens: HashSet::new(),
+            auth_challenges: 0,
         };
         if connection.config.role == Role::Host {
             // The host speaks first on every transport.
@@ -297,7 +321,10 @@ impl Connection {
             peer_closed: false,
             closing: false,
             writer_blocked: false,
-            stats: StreamStats::default(),
+            stats: StreamStats {
+                delayed_ack: self.delayed_ack(),
+                ..StreamStats::default()
+            },
         }
     }
 
@@ -316,8 +343,12 @@ impl Connection {
         }
         match header.command {
             Command::Cnxn => self.on_cnxn(header, &payload),
-            // Authentication is not implemented yet: a host never sends AUTH
-            // unless asked, and STLS only answers a device's STLS.
+            // A device challenges a host before CNXN; answering is the host's job.
+            Command::Auth if self.config.role == Role::Host => {
+                self.on_auth_as_host(header, payload)
+            }
+            // Device-side authentication is not implemented yet: a host never
+            // sends AUTH unless asked, and STLS only answers a device's STLS.
             Command::Auth | Command::Stls => Err(ProtocolError::Unsupported(header.command)),
             command if !self.is_online() => Err(ProtocolError::BeforeHandshake(command)),
             Command::Open => {
@@ -371,6 +402,28 @@ impl Connection {
         }
         self.events.push_back(Event::Connected);
         Ok(())
+    }
+
+    fn on_auth_as_host(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
+        if header.arg0 != AUTH_TOKEN {
+            return Err(ProtocolError::BadAuth(header.arg0));
+        }
+        self.auth_challenges += 1;
+        self.events.push_back(Event::AuthChallenge {
+            token: payload,
+            attempt: self.auth_challenges,
+        });
+        Ok(())
+    }
+
+    /// Answers the latest [`Event::AuthChallenge`] (host role).
+    pub fn send_auth(&mut self, reply: AuthReply) {
+        let (kind, payload) = match reply {
+            AuthReply::Signature(signature) => (AUTH_SIGNATURE, signature),
+            AuthReply::PublicKey(key) => (AUTH_RSAPUBLICKEY, key),
+        };
+        self.control
+            .push_back(Packet::new(Command::Auth, kind, 0, payload));
     }
 
     fn reset_streams(&mut self) {
@@ -730,6 +783,7 @@ impl Connection {
         };
         match stream.state {
             _ if stream.peer_closed => {
+                log_stream_closed(id.0, stream);
                 self.streams.remove(&id.0);
             }
             StreamState::AwaitingAccept => {
@@ -751,12 +805,7 @@ impl Connection {
 
     fn finish_close(&mut self, local_id: u32) {
         if let Some(stream) = self.streams.remove(&local_id) {
-            tracing::debug!(
-                local_id,
-                remote_id = stream.remote_id,
-                stats = ?stream.stats,
-                "stream closed"
-            );
+            log_stream_closed(local_id, &stream);
             self.control.push_back(Packet::new(
                 Command::Clse,
                 local_id,
@@ -811,4 +860,21 @@ impl Connection {
     pub fn has_transmit(&self) -> bool {
         !self.control.is_empty() || !self.sendable.is_empty()
     }
+}
+
+/// One line per finished stream: what it moved and under which flow control.
+fn log_stream_closed(local_id: u32, stream: &Stream) {
+    let stats = &stream.stats;
+    tracing::debug!(
+        local_id,
+        remote_id = stream.remote_id,
+        delayed_ack = stats.delayed_ack,
+        bytes_sent = stats.bytes_sent,
+        bytes_received = stats.bytes_received,
+        packets_sent = stats.packets_sent,
+        packets_received = stats.packets_received,
+        okays_sent = stats.okays_sent,
+        okays_received = stats.okays_received,
+        "stream closed"
+    );
 }

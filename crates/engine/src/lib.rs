@@ -7,7 +7,8 @@ pub mod connection;
 pub mod credit;
 
 pub use connection::{
-    Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId, StreamStats,
+    AuthReply, Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId,
+    StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN,
 };
 pub use credit::AOSP_INITIAL_CREDIT;
 

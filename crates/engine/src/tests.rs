@@ -385,3 +385,38 @@ fn many_streams_share_the_connection_fairly() {
         assert_eq!(read_all(&mut pair.device, *device_id), pattern(4096 * 3));
     }
 }
+
+#[test]
+fn host_answers_auth_challenges() {
+    let mut host = Connection::new(config(Role::Host, true));
+    let cnxn = host.poll_transmit().unwrap();
+    assert_eq!(cnxn.command, Command::Cnxn);
+    // The device challenges instead of answering CNXN.
+    let token = Packet::new(Command::Auth, AUTH_TOKEN, 0, vec![7u8; 20]);
+    host.handle_packet(&token.header(false), token.payload.clone())
+        .unwrap();
+    assert_eq!(
+        host.poll_event(),
+        Some(Event::AuthChallenge {
+            token: Bytes::from(vec![7u8; 20]),
+            attempt: 1
+        })
+    );
+    host.send_auth(AuthReply::Signature(Bytes::from_static(b"sig")));
+    let reply = host.poll_transmit().unwrap();
+    assert_eq!((reply.command, reply.arg0), (Command::Auth, AUTH_SIGNATURE));
+    host.handle_packet(&token.header(false), token.payload.clone())
+        .unwrap();
+    assert!(matches!(
+        host.poll_event(),
+        Some(Event::AuthChallenge { attempt: 2, .. })
+    ));
+    host.send_auth(AuthReply::PublicKey(Bytes::from_static(b"key\0")));
+    assert_eq!(host.poll_transmit().unwrap().arg0, AUTH_RSAPUBLICKEY);
+    // A device never sends a signature to a host.
+    let bogus = Packet::new(Command::Auth, AUTH_SIGNATURE, 0, vec![1u8]);
+    assert_eq!(
+        host.handle_packet(&bogus.header(false), bogus.payload.clone()),
+        Err(ProtocolError::BadAuth(AUTH_SIGNATURE))
+    );
+}

@@ -18,7 +18,7 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::Notify;
 
-pub use oxadb_engine::{Peer, StreamStats};
+pub use oxadb_engine::{AuthReply, Peer, StreamStats};
 
 /// Why a connection ended.
 #[derive(Debug, Error, Clone)]
@@ -65,8 +65,16 @@ struct StreamWakers {
     opened: Option<bool>,
 }
 
+/// Answers a device's AUTH token (host role): `Some(reply)` to send, `None` to
+/// stay silent (waiting for the user to accept the key on the device).
+pub type AuthResponder = Box<dyn FnMut(&[u8], u32) -> Option<AuthReply> + Send>;
+
 struct State {
     engine: oxadb_engine::Connection,
+    auth: Option<AuthResponder>,
+    /// The device challenged us and we have no more answers: it is "unauthorized"
+    /// until its user accepts our public key.
+    awaiting_user: bool,
     streams: HashMap<StreamId, StreamWakers>,
     incoming: VecDeque<(StreamId, String)>,
     incoming_waker: Option<Waker>,
@@ -79,7 +87,15 @@ impl State {
     fn dispatch_events(&mut self) {
         while let Some(event) = self.engine.poll_event() {
             match event {
+                Event::AuthChallenge { token, attempt } => {
+                    let reply = self.auth.as_mut().and_then(|auth| auth(&token, attempt));
+                    match reply {
+                        Some(reply) => self.engine.send_auth(reply),
+                        None => self.awaiting_user = true,
+                    }
+                }
                 Event::Connected => {
+                    self.awaiting_user = false;
                     if let Some(waker) = self.connected_waker.take() {
                         waker.wake();
                     }
@@ -232,10 +248,30 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        Connection::start_with_auth(reader, writer, config, label, None)
+    }
+
+    /// Like [`Connection::start`], answering AUTH challenges with `auth` (host role).
+    pub fn start_with_auth<R, W>(
+        reader: R,
+        writer: W,
+        config: Config,
+        label: impl Into<String>,
+        auth: Option<AuthResponder>,
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let engine = oxadb_engine::Connection::new(config);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 engine,
+                auth,
+                awaiting_user: false,
                 streams: HashMap::new(),
                 incoming: VecDeque::new(),
                 incoming_waker: None,
@@ -279,10 +315,29 @@ impl Connection {
         Connection,
         impl std::future::Future<Output = ConnectionError>,
     )> {
+        Connection::start_tcp_with_auth(stream, config, None)
+    }
+
+    /// Like [`Connection::start_tcp`], answering AUTH challenges with `auth` (host role).
+    pub fn start_tcp_with_auth(
+        stream: tokio::net::TcpStream,
+        config: Config,
+        auth: Option<AuthResponder>,
+    ) -> io::Result<(
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )> {
         stream.set_nodelay(true)?;
         let label = stream.peer_addr()?.to_string();
         let (reader, writer) = stream.into_split();
-        Ok(Connection::start(reader, writer, config, label))
+        Ok(Connection::start_with_auth(
+            reader, writer, config, label, auth,
+        ))
+    }
+
+    /// Whether the device refused our keys and waits for its user to accept ours.
+    pub fn awaiting_authorization(&self) -> bool {
+        self.shared.lock().awaiting_user
     }
 
     /// Who the peer is (its address), for logs.

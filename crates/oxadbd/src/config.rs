@@ -95,18 +95,7 @@ impl DaemonConfig {
                 .collect();
             banner.properties.push((key.to_string(), value));
         }
-        let mut features = vec![
-            feature::SHELL_V2,
-            feature::STAT_V2,
-            feature::LS_V2,
-            feature::FIXED_PUSH_MKDIR,
-            feature::FIXED_PUSH_SYMLINK_TIMESTAMP,
-            feature::SENDRECV_V2,
-            feature::SENDRECV_V2_BROTLI,
-            feature::SENDRECV_V2_LZ4,
-            feature::SENDRECV_V2_ZSTD,
-            feature::SENDRECV_V2_DRY_RUN_SEND,
-        ];
+        let mut features = feature::IMPLEMENTED.to_vec();
         if self.delayed_ack {
             features.push(feature::DELAYED_ACK);
         }

@@ -18,6 +18,21 @@ pub mod feature {
     pub const SENDRECV_V2_ZSTD: &str = "sendrecv_v2_zstd";
     pub const SENDRECV_V2_DRY_RUN_SEND: &str = "sendrecv_v2_dry_run_send";
     pub const DELAYED_ACK: &str = "delayed_ack";
+
+    /// What oxadb implements on both sides, besides `delayed_ack` (which is a
+    /// per-connection choice): shell protocol v2 and the whole sync protocol.
+    pub const IMPLEMENTED: &[&str] = &[
+        SHELL_V2,
+        STAT_V2,
+        LS_V2,
+        FIXED_PUSH_MKDIR,
+        FIXED_PUSH_SYMLINK_TIMESTAMP,
+        SENDRECV_V2,
+        SENDRECV_V2_BROTLI,
+        SENDRECV_V2_LZ4,
+        SENDRECV_V2_ZSTD,
+        SENDRECV_V2_DRY_RUN_SEND,
+    ];
 }
 
 /// Longest banner we accept; a CNXN payload is bounded by the max payload anyway,

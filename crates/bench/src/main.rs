@@ -13,6 +13,8 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
+mod stream;
+
 #[derive(Parser)]
 #[command(about = "oxadb benchmark programs (they print tables; they are not tests)")]
 struct Args {
@@ -25,6 +27,14 @@ enum Bench {
     /// Google adb pushing and pulling random data through oxadbd over loopback,
     /// interleaved with raw single-stream TCP loopback runs.
     AdbLoopback(AdbLoopback),
+    /// One ADB stream between two oxadb engines over loopback TCP (no
+    /// services, no files), burst and classic, beside raw TCP.
+    StreamLoopback {
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
 #[derive(Parser)]
@@ -69,6 +79,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 fn main() -> Result<()> {
     match Args::parse().command {
         Bench::AdbLoopback(args) => adb_loopback(args),
+        Bench::StreamLoopback { size, runs } => stream_loopback(size, runs),
     }
 }
 
@@ -372,6 +383,50 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             med,
             med / raw_median,
             cpu
+        );
+    }
+    Ok(())
+}
+
+fn stream_loopback(size: u64, runs: usize) -> Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let names = ["raw TCP", "stream, burst", "stream, classic"];
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    for run in 0..runs {
+        for step in 0..3 {
+            let which = (run + step) % 3;
+            let elapsed = match which {
+                0 => raw_tcp(size)?,
+                1 => runtime.block_on(stream::one_stream(size, true))?,
+                _ => runtime.block_on(stream::one_stream(size, false))?,
+            };
+            let rate = size as f64 / elapsed.as_secs_f64() / 1e6;
+            eprintln!("run {} {:>15}: {rate:8.1} MB/s", run + 1, names[which]);
+            rates[which].push(rate);
+        }
+    }
+    println!("Machine: {}", machine_description());
+    println!(
+        "Transfer: {} MiB per run, {runs} runs, interleaved",
+        size >> 20
+    );
+    println!();
+    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP |");
+    println!("|---|---|---|---|");
+    let raw = median(&mut rates[0].clone());
+    for which in 0..3 {
+        let runs = rates[which]
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let med = median(&mut rates[which]);
+        println!(
+            "| {} | {} | {:.0} | {:.2} |",
+            names[which],
+            runs,
+            med,
+            med / raw
         );
     }
     Ok(())

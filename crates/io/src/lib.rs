@@ -448,52 +448,67 @@ impl Connection {
     }
 }
 
+/// Smallest read into the receive buffer: many small packets (OKAYs) arrive in
+/// one syscall, and a large payload is read straight into place.
+const READ_CHUNK: usize = 256 * 1024;
+
 async fn read_loop<R: AsyncRead + Unpin>(shared: &Shared, mut reader: R) -> ConnectionError {
-    let mut header_buf = [0u8; HEADER_LEN];
+    // Payloads are split off this buffer and handed to streams as `Bytes`
+    // without copying; fresh capacity is reserved as they are given away.
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
-        // Read the header by hand so a short read before EOF is reported as truncation.
-        let mut filled = 0;
-        while filled < HEADER_LEN {
-            match reader.read(&mut header_buf[filled..]).await {
-                Ok(0) if filled == 0 => return ConnectionError::PeerClosed,
-                Ok(0) => return ConnectionError::TruncatedHeader(filled),
-                Ok(n) => filled += n,
+        while buf.len() < HEADER_LEN {
+            match fill(&mut reader, &mut buf, HEADER_LEN).await {
+                Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,
+                Ok(0) => return ConnectionError::TruncatedHeader(buf.len()),
+                Ok(_) => {}
                 Err(error) => return error.into(),
             }
-            if shared.lock().closed.is_some() {
-                return ConnectionError::Closed;
-            }
         }
+        let raw: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header length");
         let max_payload = shared.lock().engine.max_incoming_payload();
-        let header = match Header::decode(&header_buf, max_payload) {
+        let header = match Header::decode(&raw, max_payload) {
             Ok(header) => header,
             Err(error) => return error.into(),
         };
         let expected = header.data_length as usize;
-        let mut payload = BytesMut::zeroed(expected);
-        let mut got = 0;
-        while got < expected {
-            match reader.read(&mut payload[got..]).await {
+        while buf.len() < HEADER_LEN + expected {
+            match fill(&mut reader, &mut buf, HEADER_LEN + expected).await {
                 Ok(0) => {
                     return ConnectionError::TruncatedPayload {
                         command: header.command,
-                        got,
+                        got: buf.len() - HEADER_LEN,
                         expected,
                     }
                 }
-                Ok(n) => got += n,
+                Ok(_) => {}
                 Err(error) => return error.into(),
             }
         }
+        let _ = buf.split_to(HEADER_LEN);
+        let payload = buf.split_to(expected).freeze();
         let mut state = shared.lock();
         if state.closed.is_some() {
             return ConnectionError::Closed;
         }
-        if let Err(error) = state.engine.handle_packet(&header, payload.freeze()) {
+        if let Err(error) = state.engine.handle_packet(&header, payload) {
             return error.into();
         }
         shared.after_engine_call(&mut state);
     }
+}
+
+/// Reads more into `buf`, making room for at least `want` bytes in total.
+async fn fill<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    want: usize,
+) -> io::Result<usize> {
+    let room = want.saturating_sub(buf.len()).max(READ_CHUNK);
+    if buf.capacity() - buf.len() < room {
+        buf.reserve(room);
+    }
+    reader.read_buf(buf).await
 }
 
 /// Bytes written per batch: enough to fill a socket buffer in one writev.

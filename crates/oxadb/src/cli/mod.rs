@@ -1,0 +1,4 @@
+//! The `oxadb` command line: one module per group of commands.
+pub mod forward;
+pub mod shell;
+pub mod transfer;

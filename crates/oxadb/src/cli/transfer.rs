@@ -1,0 +1,412 @@
+//! `oxadb push` and `oxadb pull`: adb's flags, progress and summary lines.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use oxadb::sync::{self, Compression, Direction, Progress, PullOptions, PushOptions};
+use oxadb::{Device, Error};
+
+const COMPRESSION_HELP: &str = "Compress file data with ALGORITHM: any, none, brotli, lz4 or zstd \
+    (any = the best the device supports: zstd, then lz4, then brotli). Used only when the device \
+    advertises sendrecv_v2 and the algorithm; otherwise the data goes uncompressed. \
+    Default: none, as with adb 29 (adb 35 defaults to any for push)";
+
+/// Arguments of `oxadb push` (adb's `push [--sync] [-z ALGORITHM] [-Z] [-n] [-q] LOCAL... REMOTE`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PushArgs {
+    /// Local files or directories to copy. Directories are copied recursively;
+    /// symlinks inside them are recreated as symlinks, other special files are
+    /// skipped. Files keep their mode and mtime.
+    #[arg(value_name = "LOCAL", required = true)]
+    pub sources: Vec<PathBuf>,
+    /// Destination on the device. If it is an existing directory, each LOCAL
+    /// is copied into it under its own name; otherwise a single LOCAL is
+    /// copied to REMOTE itself. Several LOCALs need a directory.
+    #[arg(value_name = "REMOTE")]
+    pub destination: String,
+    /// Only push files whose size or timestamp differ from the device's copy.
+    #[arg(long)]
+    pub sync: bool,
+    #[arg(
+        short = 'z',
+        value_name = "ALGORITHM",
+        value_parser = compression_parser(),
+        overrides_with = "no_compression",
+        help = COMPRESSION_HELP
+    )]
+    pub compression: Option<Compression>,
+    /// Disable compression (the default).
+    #[arg(short = 'Z', overrides_with = "compression")]
+    pub no_compression: bool,
+    /// Dry run: send the files, but the device only decodes and discards them
+    /// and changes nothing. Needs a device with sendrecv_v2_dry_run_send.
+    #[arg(short = 'n', long = "dry-run")]
+    pub dry_run: bool,
+    /// Suppress the progress bar and the summary lines.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Ignored (accepted by adb for compatibility).
+    #[arg(short = 'p', hide = true)]
+    pub compat_p: bool,
+}
+
+impl PushArgs {
+    /// The compression `-z`/`-Z` ask for (none by default).
+    pub fn compression(&self) -> Compression {
+        match self.compression {
+            Some(compression) if !self.no_compression => compression,
+            _ => Compression::None,
+        }
+    }
+}
+
+/// Arguments of `oxadb pull` (adb's `pull [-a] [-z ALGORITHM] [-Z] [-q] REMOTE... [LOCAL]`).
+///
+/// As with adb, the last of several paths is the local destination, and a
+/// single path is pulled into the current directory.
+#[derive(Debug, Clone)]
+pub struct PullArgs {
+    /// Files or directories on the device.
+    pub sources: Vec<String>,
+    /// Where to put them (default `.`).
+    pub destination: PathBuf,
+    /// `-a`: preserve the files' mtime and mode.
+    pub preserve: bool,
+    pub compression: Option<Compression>,
+    pub no_compression: bool,
+    pub quiet: bool,
+}
+
+impl PullArgs {
+    /// The compression `-z`/`-Z` ask for (none by default).
+    pub fn compression(&self) -> Compression {
+        match self.compression {
+            Some(compression) if !self.no_compression => compression,
+            _ => Compression::None,
+        }
+    }
+}
+
+/// What clap parses for `pull`; split into sources and destination after.
+#[derive(Debug, Clone, clap::Args)]
+#[command(override_usage = "oxadb pull [OPTIONS] REMOTE... [LOCAL]")]
+struct PullArgsRaw {
+    /// REMOTE... [LOCAL]: files or directories on the device, then where to
+    /// put them (default: the current directory). If LOCAL is an existing
+    /// directory, each REMOTE is copied into it under its own name;
+    /// otherwise a single REMOTE is copied to LOCAL itself. Directories are
+    /// copied recursively, following symlinks. An existing LOCAL file is
+    /// replaced only once the whole file arrived; an existing device node or
+    /// FIFO (e.g. /dev/null) is written to, never replaced.
+    #[arg(value_name = "PATH", required = true, num_args = 1..)]
+    paths: Vec<OsString>,
+    /// Preserve the files' mtime and mode (the mode minus the umask, as adb).
+    #[arg(short = 'a')]
+    preserve: bool,
+    #[arg(
+        short = 'z',
+        value_name = "ALGORITHM",
+        value_parser = compression_parser(),
+        overrides_with = "no_compression",
+        help = COMPRESSION_HELP.replace(" (adb 35 defaults to any for push)", "")
+    )]
+    compression: Option<Compression>,
+    /// Disable compression (the default).
+    #[arg(short = 'Z', overrides_with = "compression")]
+    no_compression: bool,
+    /// Suppress the progress bar and the summary lines.
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Ignored (accepted by adb for compatibility).
+    #[arg(short = 'p', hide = true)]
+    compat_p: bool,
+}
+
+impl clap::FromArgMatches for PullArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let raw = PullArgsRaw::from_arg_matches(matches)?;
+        let mut paths = raw.paths;
+        let destination = if paths.len() > 1 {
+            PathBuf::from(paths.pop().expect("two paths or more"))
+        } else {
+            PathBuf::from(".")
+        };
+        let sources = paths
+            .into_iter()
+            .map(|path| {
+                path.into_string().map_err(|path| {
+                    clap::Error::raw(
+                        clap::error::ErrorKind::InvalidUtf8,
+                        format!("remote path {path:?} is not valid UTF-8\n"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PullArgs {
+            sources,
+            destination,
+            preserve: raw.preserve,
+            compression: raw.compression,
+            no_compression: raw.no_compression,
+            quiet: raw.quiet,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for PullArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        PullArgsRaw::augment_args(command)
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        PullArgsRaw::augment_args_for_update(command)
+    }
+}
+
+fn compression_parser() -> impl clap::builder::TypedValueParser<Value = Compression> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Compression::NAMES)
+        .map(|name| name.parse::<Compression>().expect("a listed name"))
+}
+
+/// `oxadb push`: prints adb's summary line per source (and a total for
+/// several) on stdout, a progress bar on stderr when it is a terminal.
+pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
+    let options = PushOptions {
+        sync: args.sync,
+        compression: args.compression(),
+        dry_run: args.dry_run,
+        features: None,
+    };
+    let mut reporter = Reporter::new(Direction::Push, args.quiet);
+    let result = sync::push(
+        device,
+        &args.sources,
+        &args.destination,
+        &options,
+        &mut reporter,
+    )
+    .await;
+    reporter.conclude(result)
+}
+
+/// `oxadb pull`: output as for [`push`].
+pub async fn pull(device: &Device, args: &PullArgs) -> anyhow::Result<()> {
+    let options = PullOptions {
+        preserve: args.preserve,
+        compression: args.compression(),
+        features: None,
+    };
+    let mut reporter = Reporter::new(Direction::Pull, args.quiet);
+    let result = sync::pull(
+        device,
+        &args.sources,
+        &args.destination,
+        &options,
+        &mut reporter,
+    )
+    .await;
+    reporter.conclude(result)
+}
+
+/// Progress bar (stderr, terminals only), warnings and summary lines.
+struct Reporter {
+    direction: Direction,
+    quiet: bool,
+    interactive: bool,
+    bar: Option<ProgressBar>,
+    started: Instant,
+    total: sync::TransferSummary,
+    last_source: sync::TransferSummary,
+}
+
+impl Reporter {
+    fn new(direction: Direction, quiet: bool) -> Reporter {
+        let interactive = !quiet
+            && std::io::stderr().is_terminal()
+            && std::env::var_os("TERM").is_some_and(|term| term != "dumb");
+        Reporter {
+            direction,
+            quiet,
+            interactive,
+            bar: None,
+            started: Instant::now(),
+            total: sync::TransferSummary::default(),
+            last_source: sync::TransferSummary::default(),
+        }
+    }
+
+    /// Runs `print` with the progress bar out of the way.
+    fn print(&self, print: impl FnOnce()) {
+        match &self.bar {
+            Some(bar) => bar.suspend(print),
+            None => print(),
+        }
+    }
+
+    /// adb's total line (when it differs from the last source's), then the
+    /// errors: all but the last printed here, the last returned.
+    fn conclude(mut self, result: oxadb::Result<sync::TransferSummary>) -> anyhow::Result<()> {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let total = match &result {
+            Ok(total) => *total,
+            Err(_) => sync::TransferSummary {
+                elapsed: self.started.elapsed(),
+                ..self.total
+            },
+        };
+        if !self.quiet && !total.same_counts(&self.last_source) {
+            println!("{}", total.report("", self.direction));
+        }
+        match result {
+            Ok(_) => Ok(()),
+            Err(Error::Transfer { mut messages }) => {
+                let last = messages.pop().unwrap_or_default();
+                for message in messages {
+                    eprintln!("oxadb: error: {message}");
+                }
+                Err(anyhow::anyhow!(last))
+            }
+            Err(other) => Err(other.into()),
+        }
+    }
+}
+
+impl Progress for Reporter {
+    fn start(&mut self, name: &str, total: Option<u64>) {
+        if !self.interactive {
+            return;
+        }
+        let bar = self.bar.get_or_insert_with(|| {
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+        });
+        let template = match total {
+            Some(_) => "[{bar:25}] {bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} ETA {eta:>3} {wide_msg}",
+            None => "{spinner} {bytes:>10} {binary_bytes_per_sec:>12} {wide_msg}",
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.reset();
+        match total {
+            Some(total) => bar.set_length(total),
+            None => bar.unset_length(),
+        }
+        bar.set_message(name.to_string());
+        bar.enable_steady_tick(Duration::from_millis(200));
+    }
+
+    fn advance(&mut self, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(bytes);
+        }
+    }
+
+    fn finish(&mut self) {}
+
+    fn warning(&mut self, message: &str) {
+        self.print(|| eprintln!("oxadb: warning: {message}"));
+    }
+
+    fn source_finished(&mut self, source: &str, summary: &sync::TransferSummary) {
+        self.total.files_transferred += summary.files_transferred;
+        self.total.files_skipped += summary.files_skipped;
+        self.total.bytes += summary.bytes;
+        self.last_source = *summary;
+        if !self.quiet {
+            let line = summary.report(source, self.direction);
+            self.print(|| println!("{line}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    enum Cli {
+        Push(PushArgs),
+        Pull(PullArgs),
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("oxadb").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn push_flags() {
+        let Cli::Push(push) = parse(&["push", "--sync", "-z", "lz4", "a", "b", "/sdcard/"]) else {
+            panic!()
+        };
+        assert_eq!(push.sources, [PathBuf::from("a"), PathBuf::from("b")]);
+        assert_eq!(push.destination, "/sdcard/");
+        assert!(push.sync && !push.dry_run);
+        assert_eq!(push.compression(), Compression::Lz4);
+
+        let Cli::Push(push) = parse(&["push", "-z", "zstd", "-Z", "-n", "a", "/x"]) else {
+            panic!()
+        };
+        assert_eq!(push.compression(), Compression::None);
+        assert!(push.dry_run);
+        let Cli::Push(push) = parse(&["push", "-Z", "-z", "any", "a", "/x"]) else {
+            panic!()
+        };
+        assert_eq!(push.compression(), Compression::Any);
+        let Cli::Push(push) = parse(&["push", "a", "/x"]) else {
+            panic!()
+        };
+        assert_eq!(push.compression(), Compression::None);
+
+        assert!(Cli::try_parse_from(["oxadb", "push", "only-one"]).is_err());
+        assert!(Cli::try_parse_from(["oxadb", "push", "-z", "gzip", "a", "b"]).is_err());
+    }
+
+    #[test]
+    fn pull_last_path_is_the_destination() {
+        let Cli::Pull(pull) = parse(&["pull", "/sdcard/a"]) else {
+            panic!()
+        };
+        assert_eq!(pull.sources, ["/sdcard/a"]);
+        assert_eq!(pull.destination, PathBuf::from("."));
+        let Cli::Pull(pull) = parse(&["pull", "-a", "-z", "brotli", "/r1", "/r2", "out"]) else {
+            panic!()
+        };
+        assert_eq!(pull.sources, ["/r1", "/r2"]);
+        assert_eq!(pull.destination, PathBuf::from("out"));
+        assert!(pull.preserve);
+        assert_eq!(pull.compression(), Compression::Brotli);
+        assert!(Cli::try_parse_from(["oxadb", "pull"]).is_err());
+    }
+
+    #[test]
+    fn help_mentions_defaults() {
+        use clap::CommandFactory;
+        let mut command = Cli::command();
+        let help = command
+            .find_subcommand_mut("push")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("Default: none, as with adb 29"), "{help}");
+        assert!(help.contains("--sync"), "{help}");
+        let help = command
+            .find_subcommand_mut("pull")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("REMOTE... [LOCAL]"), "{help}");
+        assert!(help.contains("-a"), "{help}");
+    }
+}

@@ -1,0 +1,51 @@
+//! Errors of the host library. Each names the device address, stream or path
+//! involved and the cause.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{addr}: device unauthorized: accept this host's key on the device (its public key is {key_path})")]
+    Unauthorized { addr: String, key_path: String },
+    #[error("{addr}: no CNXN from the device within {seconds} s")]
+    HandshakeTimeout { addr: String, seconds: u64 },
+    #[error("{addr}: connection ended: {reason}")]
+    ConnectionLost { addr: String, reason: String },
+    #[error("{addr}: device refused service {service:?}")]
+    ServiceRefused { addr: String, service: String },
+    #[error("host keys: {0}")]
+    Keys(#[from] oxadb_auth::KeyError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Local { path: PathBuf, message: String },
+    #[error("remote {path:?}: {message}")]
+    Remote { path: String, message: String },
+    #[error("sync protocol: {0}")]
+    Protocol(String),
+    /// A push or pull failed: one message per failed source, each naming the
+    /// local and remote paths and the cause in adb's words.
+    #[error("{}", .messages.join("\n"))]
+    Transfer { messages: Vec<String> },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! oxadb: a host library for the Android Debug Bridge. It talks to any adbd
+//! (Android's or `oxadbd`) directly over TCP, with no adb server in between,
+//! and pipelines transfers ("burst mode", `delayed_ack`) whenever the device
+//! supports it.
+//!
+//! ```no_run
+//! # async fn demo() -> oxadb::Result<()> {
+//! use oxadb::{ConnectOptions, Device};
+//!
+//! let device = Device::connect("127.0.0.1:5555", &ConnectOptions::default()).await?;
+//! println!("burst mode: {}", device.burst_mode());
+//! let output = device.shell("uname -a").await?;
+//! print!("{}", String::from_utf8_lossy(&output.stdout));
+//! assert_eq!(output.exit_code, 0);
+//! # Ok(())
+//! # }
+//! ```
+pub mod device;
+pub mod error;
+pub mod shell;
+pub mod sync;
+
+pub use device::{ConnectOptions, Device};
+pub use error::{Error, Result};
+pub use oxadb_io::AdbStream;
+pub use shell::ShellOutput;

@@ -1,0 +1,143 @@
+//! `oxadb`: an ADB host command line that talks to any adbd directly over TCP,
+//! with burst mode (`delayed_ack`) whenever the device supports it.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use oxadb::{ConnectOptions, Device};
+
+/// Android Debug Bridge host tool. Commands, flags and exit codes follow
+/// Google's adb; there is no adb server: each command connects to the device.
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about,
+    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (host:port)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+)]
+struct Args {
+    /// Device to talk to: HOST:PORT (port 5555 if omitted).
+    #[arg(
+        short = 's',
+        long = "serial",
+        env = "ANDROID_SERIAL",
+        default_value = "127.0.0.1:5555",
+        global = true
+    )]
+    serial: String,
+    /// Classic flow control (one packet in flight per stream) even when the
+    /// device supports burst mode; for comparisons.
+    #[arg(long, global = true)]
+    no_burst: bool,
+    /// Log protocol details to stderr (-v debug, -vv trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command on the device (an interactive shell when none is given).
+    /// Exits with the remote command's status.
+    Shell(cli::shell::ShellArgs),
+    /// Run a command with `exec:` and copy its raw output to stdout (binary-safe).
+    ExecOut(cli::shell::ExecOutArgs),
+    /// Copy local files or directories to the device.
+    Push(cli::transfer::PushArgs),
+    /// Copy files or directories from the device.
+    Pull(cli::transfer::PullArgs),
+    /// Forward a local socket to a socket on the device; runs until Ctrl-C.
+    Forward(cli::forward::ForwardArgs),
+    /// Connect and report success (`connected to HOST:PORT`).
+    Connect,
+    /// List the features the device advertises, and whether burst mode is in use.
+    Features,
+    /// Print the device state (`device`), or fail if it cannot be reached.
+    GetState,
+    /// Print the version of oxadb.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let level = match args.verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("oxadb: error: starting the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args));
+    // A blocking read of stdin may still be pending; do not wait for it.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(error) => {
+            eprintln!("oxadb: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<i32> {
+    if let Command::Version = args.command {
+        println!("oxadb version {}", env!("CARGO_PKG_VERSION"));
+        if let Ok(path) = std::env::current_exe() {
+            println!("Installed as {}", path.display());
+        }
+        return Ok(0);
+    }
+    let mut options = ConnectOptions::default();
+    if args.no_burst {
+        options.burst = false;
+    }
+    let device = Device::connect(&args.serial, &options).await?;
+    let code = match &args.command {
+        Command::Shell(shell) => cli::shell::shell(&device, shell).await?,
+        Command::ExecOut(exec) => cli::shell::exec_out(&device, exec).await?,
+        Command::Push(push) => {
+            cli::transfer::push(&device, push).await?;
+            0
+        }
+        Command::Pull(pull) => {
+            cli::transfer::pull(&device, pull).await?;
+            0
+        }
+        Command::Forward(forward) => cli::forward::forward(&device, forward).await?,
+        Command::Connect => {
+            println!("connected to {}", device.serial());
+            0
+        }
+        Command::Features => {
+            for feature in device.features() {
+                println!("{feature}");
+            }
+            eprintln!(
+                "burst mode (delayed_ack): {}",
+                if device.burst_mode() { "on" } else { "off" }
+            );
+            0
+        }
+        Command::GetState => {
+            println!("device");
+            0
+        }
+        Command::Version => unreachable!("handled above"),
+    };
+    device.close();
+    Ok(code)
+}

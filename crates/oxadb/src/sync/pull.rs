@@ -1,0 +1,380 @@
+//! `adb pull`: files and trees, several sources, `-a`.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::local::{self, PulledAttributes};
+use super::push::{add, warn_if_unsupported};
+use super::session::SyncSession;
+use super::{
+    basename, describe_io, join_remote, show, transfer_error, Progress, PullOptions, RemoteStat,
+    SyncFeatures, TransferSummary,
+};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Directory levels followed below a pulled directory before giving up (symlink loops).
+const MAX_DEPTH: usize = 256;
+
+/// Copies files and directories from the device, as `adb pull` does.
+///
+/// * If `destination` is an existing directory, each source lands in it under
+///   its own name; otherwise a single source is copied to `destination`
+///   itself, whose parent must exist (several sources need a directory).
+/// * Directories are copied recursively; symlinks on the device are followed
+///   (a link to a directory is pulled as a directory). Special files other
+///   than device nodes are skipped with a warning.
+/// * A regular destination file is replaced atomically (temporary file, then
+///   rename); an existing non-regular destination such as `/dev/null` or a
+///   FIFO is written in place and never replaced.
+/// * New files get mode 0644 minus the umask, or with `options.preserve` the
+///   device's mode (minus the umask) and mtime.
+///
+/// A source that fails does not stop the others; the error lists every
+/// failure, in adb's words.
+///
+/// ```no_run
+/// # async fn demo(device: &oxadb::Device) -> oxadb::Result<()> {
+/// use std::path::Path;
+/// use oxadb::sync::{pull, NoProgress, PullOptions};
+///
+/// let summary = pull(
+///     device,
+///     &["/sdcard/DCIM".to_string()],
+///     Path::new("photos"),
+///     &PullOptions { preserve: true, ..PullOptions::default() },
+///     &mut NoProgress,
+/// )
+/// .await?;
+/// println!("{} files, {} bytes", summary.files_transferred, summary.bytes);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn pull(
+    device: &Device,
+    sources: &[String],
+    destination: &Path,
+    options: &PullOptions,
+    progress: &mut dyn Progress,
+) -> Result<TransferSummary> {
+    let started = Instant::now();
+    if sources.is_empty() {
+        return Err(transfer_error("pull requires an argument".to_string()));
+    }
+    let features = options.features.unwrap_or_else(|| SyncFeatures::of(device));
+    warn_if_unsupported(options.compression, &features, progress);
+    let mut puller = Puller {
+        device,
+        features,
+        session: None,
+        compression: features.resolve(options.compression),
+        preserve: options.preserve,
+    };
+
+    let dst_name = destination.display().to_string();
+    let (dst_exists, dst_isdir) = match tokio::fs::metadata(destination).await {
+        Ok(metadata) => (true, metadata.is_dir()),
+        Err(e) if sources.len() == 1 && e.kind() == std::io::ErrorKind::NotFound => {
+            // A single source may create the destination, in an existing directory.
+            let parent = match destination.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent,
+                _ => Path::new("."),
+            };
+            if let Err(e) = tokio::fs::metadata(parent).await {
+                return Err(transfer_error(format!(
+                    "cannot create file/directory '{dst_name}': {}",
+                    describe_io(&e)
+                )));
+            }
+            (false, false)
+        }
+        Err(e) => {
+            return Err(transfer_error(format!(
+                "failed to access '{dst_name}': {}",
+                describe_io(&e)
+            )))
+        }
+    };
+    if !dst_isdir {
+        if sources.len() > 1 {
+            return Err(transfer_error(format!(
+                "target '{dst_name}' is not a directory"
+            )));
+        }
+        if destination.as_os_str().as_bytes().ends_with(b"/") && dst_exists {
+            return Err(transfer_error(format!(
+                "failed to access '{dst_name}': Not a directory"
+            )));
+        }
+    }
+
+    let mut total = TransferSummary::default();
+    let mut errors = Vec::new();
+    for source in sources {
+        let remote = source.as_bytes();
+        let source_started = Instant::now();
+        let stat = match puller.session().await?.stat_follow(remote).await {
+            Ok(Ok(stat)) => stat,
+            Ok(Err(failure)) => {
+                errors.push(if failure == super::session::StatFailure::Unknown {
+                    format!("remote object '{source}' does not exist")
+                } else {
+                    format!(
+                        "failed to stat remote object '{source}': {}",
+                        failure.describe()
+                    )
+                });
+                continue;
+            }
+            Err(error) => {
+                errors.push(error.to_string());
+                return Err(Error::Transfer { messages: errors });
+            }
+        };
+        let result = if stat.is_dir() {
+            let mut local_dir = destination.to_path_buf();
+            if dst_exists {
+                local_dir = destination.join(OsStr::from_bytes(basename(remote)));
+            }
+            puller.pull_tree(remote, &local_dir, &stat, progress).await
+        } else if !pullable(&stat) {
+            progress.warning(&format!(
+                "skipping special file '{source}' (mode = 0o{:o})",
+                stat.mode
+            ));
+            continue;
+        } else {
+            let local_path = if dst_isdir {
+                destination.join(OsStr::from_bytes(basename(remote)))
+            } else {
+                destination.to_path_buf()
+            };
+            puller
+                .pull_one(remote, &local_path, &stat, progress)
+                .await
+                .map(|bytes| TransferSummary {
+                    files_transferred: 1,
+                    bytes,
+                    ..TransferSummary::default()
+                })
+        };
+        match result {
+            Ok(mut summary) => {
+                summary.elapsed = source_started.elapsed();
+                add(&mut total, &summary);
+                progress.source_finished(source, &summary);
+            }
+            Err(Error::Transfer { messages }) => errors.extend(messages),
+            Err(other) => {
+                errors.push(other.to_string());
+                return Err(Error::Transfer { messages: errors });
+            }
+        }
+    }
+    if let Some(session) = puller.session.take() {
+        if !session.is_ended() {
+            if let Err(error) = session.quit().await {
+                errors.push(error.to_string());
+            }
+        }
+    }
+    total.elapsed = started.elapsed();
+    if errors.is_empty() {
+        Ok(total)
+    } else {
+        Err(Error::Transfer { messages: errors })
+    }
+}
+
+/// adb pulls regular files and device nodes.
+fn pullable(stat: &RemoteStat) -> bool {
+    matches!(
+        stat.mode & libc::S_IFMT,
+        libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR
+    )
+}
+
+/// What pulling a tree does, in order.
+enum Step {
+    MakeDir(PathBuf),
+    Pull {
+        remote: Vec<u8>,
+        local: PathBuf,
+        stat: RemoteStat,
+    },
+    Skip,
+}
+
+struct Puller<'a> {
+    device: &'a Device,
+    features: SyncFeatures,
+    session: Option<SyncSession>,
+    compression: oxadb_wire::sync::Compression,
+    preserve: bool,
+}
+
+impl Puller<'_> {
+    async fn session(&mut self) -> Result<&mut SyncSession> {
+        if self.session.as_ref().map_or(true, SyncSession::is_ended) {
+            self.session = None;
+            let session = SyncSession::open_with(self.device, self.features).await?;
+            self.session = Some(session);
+        }
+        Ok(self.session.as_mut().expect("a session"))
+    }
+
+    async fn pull_one(
+        &mut self,
+        remote: &[u8],
+        local: &Path,
+        stat: &RemoteStat,
+        progress: &mut dyn Progress,
+    ) -> Result<u64> {
+        let attributes = self.preserve.then_some(PulledAttributes {
+            mode: stat.mode,
+            mtime: stat.mtime,
+        });
+        let compression = self.compression;
+        self.session()
+            .await?
+            .receive(
+                remote,
+                local,
+                Some(stat.size),
+                compression,
+                attributes,
+                progress,
+            )
+            .await
+    }
+
+    /// A whole directory into `local_dir`; stops at the first failure, like adb.
+    async fn pull_tree(
+        &mut self,
+        remote_dir: &[u8],
+        local_dir: &Path,
+        root: &RemoteStat,
+        progress: &mut dyn Progress,
+    ) -> Result<TransferSummary> {
+        let mut steps = Vec::new();
+        let mut visited = HashSet::new();
+        if root.ino != 0 {
+            visited.insert((root.dev, root.ino));
+        }
+        self.plan(
+            remote_dir.to_vec(),
+            local_dir.to_path_buf(),
+            0,
+            &mut visited,
+            &mut steps,
+            progress,
+        )
+        .await?;
+        let mut summary = TransferSummary::default();
+        for step in steps {
+            match step {
+                Step::MakeDir(dir) => {
+                    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
+                        return Err(transfer_error(format!(
+                            "failed to create directory '{}': {}",
+                            dir.display(),
+                            describe_io(&e)
+                        )));
+                    }
+                }
+                Step::Pull {
+                    remote,
+                    local,
+                    stat,
+                } => {
+                    summary.bytes += self.pull_one(&remote, &local, &stat, progress).await?;
+                    summary.files_transferred += 1;
+                }
+                Step::Skip => summary.files_skipped += 1,
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Lists `remote_dir` recursively into steps: the directory itself, its
+    /// files, then its subdirectories (symlinks to directories included).
+    async fn plan(
+        &mut self,
+        remote_dir: Vec<u8>,
+        local_dir: PathBuf,
+        depth: usize,
+        visited: &mut HashSet<(u64, u64)>,
+        steps: &mut Vec<Step>,
+        progress: &mut dyn Progress,
+    ) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(transfer_error(format!(
+                "failed to copy '{}': more than {MAX_DEPTH} directory levels (a symlink loop?)",
+                show(&remote_dir)
+            )));
+        }
+        steps.push(Step::MakeDir(local_dir.clone()));
+        let session = self.session().await?;
+        let entries = session.list(&remote_dir).await?;
+        let mut subdirs = Vec::new();
+        for entry in entries {
+            if entry.name == b"." || entry.name == b".." {
+                continue;
+            }
+            let remote = join_remote(&remote_dir, &entry.name);
+            let Some(local) = local::child_path(&local_dir, &entry.name) else {
+                return Err(transfer_error(format!(
+                    "refusing to pull '{}': the device sent the invalid file name {:?}",
+                    show(&remote_dir),
+                    entry.name_lossy()
+                )));
+            };
+            let stat = if entry.stat.is_symlink() {
+                match session.stat_follow(&remote).await? {
+                    Ok(target) => target,
+                    Err(failure) => {
+                        progress.warning(&format!(
+                            "stat failed for path {}: {}",
+                            show(&remote),
+                            failure.describe()
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                entry.stat
+            };
+            if stat.is_dir() {
+                subdirs.push((remote, local, stat));
+            } else if pullable(&stat) {
+                steps.push(Step::Pull {
+                    remote,
+                    local,
+                    stat,
+                });
+            } else {
+                progress.warning(&format!(
+                    "skipping special file '{}' (mode = 0o{:o})",
+                    show(&remote),
+                    stat.mode
+                ));
+                steps.push(Step::Skip);
+            }
+        }
+        for (remote, local, stat) in subdirs {
+            // Without inode numbers (no stat_v2) only the depth limit stops loops.
+            if stat.ino != 0 && !visited.insert((stat.dev, stat.ino)) {
+                progress.warning(&format!(
+                    "skipping '{}': directory already pulled (symlink loop?)",
+                    show(&remote)
+                ));
+                continue;
+            }
+            Box::pin(self.plan(remote, local, depth + 1, visited, steps, progress)).await?;
+        }
+        Ok(())
+    }
+}

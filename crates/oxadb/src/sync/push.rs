@@ -1,0 +1,328 @@
+//! `adb push`: files and trees, several sources, `--sync`, dry runs.
+
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::local::{self, EntryKind, LocalEntry};
+use super::session::{Content, LocalFile, SendMode, SyncSession, Upload};
+use super::{
+    basename, join_remote, transfer_error, Compression, Progress, PushOptions, SyncFeatures,
+    TransferSummary,
+};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Copies local files and directories to the device, as `adb push` does.
+///
+/// * If `destination` is an existing directory on the device, each source is
+///   copied into it under its own name; otherwise a single source is copied
+///   to `destination` itself (several sources need a directory).
+/// * Directories are copied recursively. Symlinks inside them are recreated
+///   as symlinks with their own mtime; a symlink given as a source is
+///   followed. Other special files are skipped with a warning. Empty
+///   directories are not created (the protocol only creates the parents of
+///   pushed files).
+/// * Files keep their mode and mtime.
+///
+/// A source that fails (a missing local file, a device error) does not stop
+/// the others; the error lists every failure, in adb's words. `progress`
+/// hears about each file, warnings and each finished source.
+///
+/// ```no_run
+/// # async fn demo(device: &oxadb::Device) -> oxadb::Result<()> {
+/// use std::path::PathBuf;
+/// use oxadb::sync::{push, Compression, NoProgress, PushOptions};
+///
+/// let options = PushOptions {
+///     sync: true,
+///     compression: Compression::Any,
+///     ..PushOptions::default()
+/// };
+/// let summary = push(
+///     device,
+///     &[PathBuf::from("out/lib"), PathBuf::from("out/bin")],
+///     "/data/local/tmp/",
+///     &options,
+///     &mut NoProgress,
+/// )
+/// .await?;
+/// println!("{} pushed, {} unchanged", summary.files_transferred, summary.files_skipped);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn push(
+    device: &Device,
+    sources: &[PathBuf],
+    destination: &str,
+    options: &PushOptions,
+    progress: &mut dyn Progress,
+) -> Result<TransferSummary> {
+    let started = Instant::now();
+    if sources.is_empty() || destination.is_empty() {
+        return Err(transfer_error(
+            "push requires <source> and <destination> arguments".to_string(),
+        ));
+    }
+    let features = options.features.unwrap_or_else(|| SyncFeatures::of(device));
+    if options.dry_run && !features.dry_run_send {
+        return Err(transfer_error(
+            "dry-run not supported by the device".to_string(),
+        ));
+    }
+    warn_if_unsupported(options.compression, &features, progress);
+    let mut pusher = Pusher {
+        device,
+        features,
+        session: None,
+        mode: SendMode {
+            compression: features.resolve(options.compression),
+            dry_run: options.dry_run,
+        },
+        sync: options.sync,
+    };
+
+    let dst = destination.as_bytes();
+    let (dst_exists, dst_isdir) = match pusher.session().await?.stat_follow(dst).await? {
+        Ok(stat) => (true, stat.is_dir()),
+        Err(failure) if failure.is_not_found() => (false, false),
+        Err(failure) => {
+            return Err(transfer_error(format!(
+                "stat failed when trying to push to {destination}: {}",
+                failure.describe()
+            )))
+        }
+    };
+    if !dst_isdir {
+        if sources.len() > 1 {
+            return Err(transfer_error(format!(
+                "target '{destination}' is not a directory"
+            )));
+        }
+        if dst.ends_with(b"/") && dst_exists {
+            return Err(transfer_error(format!(
+                "failed to access '{destination}': Not a directory"
+            )));
+        }
+    }
+
+    let mut total = TransferSummary::default();
+    let mut errors = Vec::new();
+    for source in sources {
+        let name = source.display().to_string();
+        let metadata = match tokio::fs::metadata(source).await {
+            Ok(metadata) => metadata,
+            Err(e) => {
+                errors.push(format!("cannot stat '{name}': {}", super::describe_io(&e)));
+                continue;
+            }
+        };
+        let source_started = Instant::now();
+        let result = if metadata.is_dir() {
+            let mut remote_dir = dst.to_vec();
+            if dst_exists {
+                // The directory goes inside the existing one.
+                remote_dir = join_remote(dst, basename(source.as_os_str().as_bytes()));
+            }
+            pusher.push_tree(source, &remote_dir, progress).await
+        } else if !metadata.is_file() {
+            progress.warning(&format!(
+                "skipping special file '{name}' (mode = 0o{:o})",
+                metadata.mode()
+            ));
+            continue;
+        } else {
+            let remote = if dst_isdir {
+                join_remote(dst, basename(source.as_os_str().as_bytes()))
+            } else {
+                dst.to_vec()
+            };
+            pusher.push_one(source, &remote, &metadata, progress).await
+        };
+        match result {
+            Ok(mut summary) => {
+                summary.elapsed = source_started.elapsed();
+                add(&mut total, &summary);
+                progress.source_finished(&name, &summary);
+            }
+            Err(Error::Transfer { messages }) => errors.extend(messages),
+            // The connection is gone: the other sources can't go either.
+            Err(other) => {
+                errors.push(other.to_string());
+                return Err(Error::Transfer { messages: errors });
+            }
+        }
+    }
+    if let Some(session) = pusher.session.take() {
+        if !session.is_ended() {
+            if let Err(error) = session.quit().await {
+                errors.push(error.to_string());
+            }
+        }
+    }
+    total.elapsed = started.elapsed();
+    if errors.is_empty() {
+        Ok(total)
+    } else {
+        Err(Error::Transfer { messages: errors })
+    }
+}
+
+pub(crate) fn add(total: &mut TransferSummary, part: &TransferSummary) {
+    total.files_transferred += part.files_transferred;
+    total.files_skipped += part.files_skipped;
+    total.bytes += part.bytes;
+}
+
+/// Tells the user when the requested algorithm can't be used with this device.
+pub(crate) fn warn_if_unsupported(
+    compression: Compression,
+    features: &SyncFeatures,
+    progress: &mut dyn Progress,
+) {
+    if !matches!(compression, Compression::None | Compression::Any)
+        && !features.supports(compression)
+    {
+        progress.warning(&format!(
+            "the device does not support {compression} compression; transferring uncompressed"
+        ));
+    }
+}
+
+struct Pusher<'a> {
+    device: &'a Device,
+    features: SyncFeatures,
+    session: Option<SyncSession>,
+    mode: SendMode,
+    sync: bool,
+}
+
+impl Pusher<'_> {
+    /// The current session, or a new one if the device ended the last.
+    async fn session(&mut self) -> Result<&mut SyncSession> {
+        if self.session.as_ref().map_or(true, SyncSession::is_ended) {
+            self.session = None;
+            let session = SyncSession::open_with(self.device, self.features).await?;
+            self.session = Some(session);
+        }
+        Ok(self.session.as_mut().expect("a session"))
+    }
+
+    /// One regular file to exactly `remote`, acknowledged before returning.
+    async fn push_one(
+        &mut self,
+        local: &Path,
+        remote: &[u8],
+        metadata: &std::fs::Metadata,
+        progress: &mut dyn Progress,
+    ) -> Result<TransferSummary> {
+        let mode = self.mode;
+        let sync = self.sync;
+        let session = self.session().await?;
+        let mut summary = TransferSummary::default();
+        if sync && session.unchanged(remote, metadata).await? {
+            summary.files_skipped = 1;
+            return Ok(summary);
+        }
+        summary.bytes = session
+            .send_regular(local, remote, LocalFile::of(metadata), mode, progress)
+            .await?;
+        session.collect_acks(true).await?;
+        summary.files_transferred = 1;
+        Ok(summary)
+    }
+
+    /// A whole directory to `remote_dir`; stops at the first failure, like adb.
+    async fn push_tree(
+        &mut self,
+        local_dir: &Path,
+        remote_dir: &[u8],
+        progress: &mut dyn Progress,
+    ) -> Result<TransferSummary> {
+        let (list, warnings) = {
+            let local_dir = local_dir.to_path_buf();
+            let remote_dir = remote_dir.to_vec();
+            tokio::task::spawn_blocking(move || {
+                let mut warnings = Vec::new();
+                let list = local::build_push_list(&local_dir, &remote_dir, &mut warnings);
+                (list, warnings)
+            })
+            .await
+            .map_err(|e| Error::io("listing local files", std::io::Error::other(e)))?
+        };
+        for warning in &warnings {
+            progress.warning(warning);
+        }
+        let list = list.map_err(transfer_error)?;
+        let mut summary = TransferSummary::default();
+        let mut todo: Vec<&LocalEntry> = Vec::with_capacity(list.len());
+        for entry in &list {
+            if entry.kind == EntryKind::Special {
+                progress.warning(&format!(
+                    "skipping special file '{}' (mode = 0o{:o})",
+                    entry.local.display(),
+                    entry.mode
+                ));
+                summary.files_skipped += 1;
+            } else {
+                todo.push(entry);
+            }
+        }
+
+        let mode = self.mode;
+        let sync = self.sync;
+        let session = self.session().await?;
+        if sync {
+            let paths: Vec<&[u8]> = todo.iter().map(|e| e.remote.as_slice()).collect();
+            let stats = session.lstat_many(&paths).await?;
+            let before = todo.len();
+            let mut stats = stats.into_iter();
+            todo.retain(|entry| {
+                !matches!(stats.next(), Some(Ok(stat))
+                    if stat.size == entry.size && stat.mtime == entry.mtime)
+            });
+            summary.files_skipped += (before - todo.len()) as u64;
+        }
+
+        for entry in todo {
+            let bytes = match entry.kind {
+                EntryKind::Symlink => {
+                    let target = match local::symlink_payload(&entry.local) {
+                        Ok(target) => target,
+                        Err(e) => {
+                            return Err(transfer_error(format!(
+                                "readlink '{}' failed: {}",
+                                entry.local.display(),
+                                super::describe_io(&e)
+                            )))
+                        }
+                    };
+                    let upload = Upload {
+                        local: &entry.local,
+                        remote: &entry.remote,
+                        mode: entry.mode,
+                        mtime: entry.mtime as u32,
+                        size: target.len() as u64,
+                        content: Content::Bytes(target),
+                    };
+                    session.send(upload, mode, progress).await?
+                }
+                _ => {
+                    let file = LocalFile {
+                        size: entry.size,
+                        mode: entry.mode,
+                        mtime: entry.mtime,
+                    };
+                    session
+                        .send_regular(&entry.local, &entry.remote, file, mode, progress)
+                        .await?
+                }
+            };
+            summary.files_transferred += 1;
+            summary.bytes += bytes;
+        }
+        session.collect_acks(true).await?;
+        Ok(summary)
+    }
+}

@@ -1,0 +1,213 @@
+//! The `oxadb` binary against an in-process oxadbd, in burst and classic mode:
+//! shell exit codes and stream separation, exec-out, features, get-state,
+//! forward and errors.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use oxadbd::config::DaemonConfig;
+
+/// Starts a daemon on its own runtime thread; returns its address.
+fn start_daemon(delayed_ack: bool) -> SocketAddr {
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let config = DaemonConfig {
+                listen: addr,
+                shell: "/bin/sh".into(),
+                product_name: "cli-test".into(),
+                product_model: "model".into(),
+                product_device: "device".into(),
+                delayed_ack,
+            };
+            oxadbd::server::serve(listener, config).await.unwrap();
+        });
+    });
+    addr
+}
+
+fn oxadb(addr: SocketAddr, burst: bool, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_oxadb"));
+    command.arg("-s").arg(addr.to_string());
+    if !burst {
+        command.arg("--no-burst");
+    }
+    let home = tempfile::tempdir().unwrap();
+    command
+        .args(args)
+        .env("HOME", home.path())
+        .env_remove("ANDROID_SERIAL")
+        .stdin(Stdio::null());
+    let output = command.output().unwrap();
+    drop(home);
+    output
+}
+
+fn modes() -> Vec<(bool, bool)> {
+    // (daemon offers delayed_ack, host asks for burst): burst only in the first.
+    vec![(true, true), (true, false), (false, true)]
+}
+
+#[test]
+fn shell_exit_codes_and_streams() {
+    for (daemon_burst, host_burst) in modes() {
+        let addr = start_daemon(daemon_burst);
+        for code in [0, 1, 42] {
+            let output = oxadb(addr, host_burst, &["shell", &format!("exit {code}")]);
+            assert_eq!(output.status.code(), Some(code), "{output:?}");
+        }
+        let output = oxadb(addr, host_burst, &["shell", "echo out; echo err >&2"]);
+        assert_eq!(output.stdout, b"out\n");
+        assert_eq!(output.stderr, b"err\n");
+        assert_eq!(output.status.code(), Some(0));
+    }
+}
+
+#[test]
+fn shell_forwards_stdin() {
+    let addr = start_daemon(true);
+    let home = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oxadb"))
+        .args(["-s", &addr.to_string(), "shell", "cat; exit 7"])
+        .env("HOME", home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = {
+        let data = data.clone();
+        std::thread::spawn(move || stdin.write_all(&data).unwrap())
+    };
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(output.status.code(), Some(7));
+    assert!(output.stdout == data, "stdin did not come back intact");
+}
+
+#[test]
+fn exec_out_is_binary_safe() {
+    for (daemon_burst, host_burst) in modes() {
+        let addr = start_daemon(daemon_burst);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        let data: Vec<u8> = (0..5_000_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        let output = oxadb(
+            addr,
+            host_burst,
+            &["exec-out", "cat", path.to_str().unwrap()],
+        );
+        assert_eq!(output.status.code(), Some(0));
+        assert!(output.stdout == data, "exec-out output differs");
+    }
+}
+
+#[test]
+fn features_state_and_burst_negotiation() {
+    let addr = start_daemon(true);
+    let output = oxadb(addr, true, &["features"]);
+    let features = String::from_utf8(output.stdout).unwrap();
+    assert!(features.lines().any(|f| f == "shell_v2"), "{features}");
+    assert!(features.lines().any(|f| f == "delayed_ack"), "{features}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("burst mode (delayed_ack): on"));
+    let output = oxadb(addr, false, &["features"]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("burst mode (delayed_ack): off"));
+    let classic = start_daemon(false);
+    let output = oxadb(classic, true, &["features"]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("burst mode (delayed_ack): off"));
+
+    let output = oxadb(addr, true, &["get-state"]);
+    assert_eq!(output.stdout, b"device\n");
+    assert_eq!(output.status.code(), Some(0));
+}
+
+#[test]
+fn unreachable_device_is_a_clear_error() {
+    let port = StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let output = oxadb(port, true, &["get-state"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&port.to_string()), "{stderr}");
+    assert!(stderr.contains("refused"), "{stderr}");
+}
+
+#[test]
+fn forward_relays_both_ways() {
+    for (daemon_burst, host_burst) in modes() {
+        let addr = start_daemon(daemon_burst);
+        let echo = StdListener::bind("127.0.0.1:0").unwrap();
+        let echo_port = echo.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for socket in echo.incoming() {
+                let mut socket = socket.unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    loop {
+                        match socket.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => socket.write_all(&buf[..n]).unwrap(),
+                        }
+                    }
+                });
+            }
+        });
+        let local_port = StdListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let home = tempfile::tempdir().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_oxadb"));
+        command.args(["-s", &addr.to_string()]);
+        if !host_burst {
+            command.arg("--no-burst");
+        }
+        let mut child = command
+            .args([
+                "forward",
+                &format!("tcp:{local_port}"),
+                &format!("tcp:{echo_port}"),
+            ])
+            .env("HOME", home.path())
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut socket = loop {
+            match StdStream::connect(("127.0.0.1", local_port)) {
+                Ok(socket) => break socket,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(error) => panic!("forward did not start listening: {error}"),
+            }
+        };
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+        let mut reader = socket.try_clone().unwrap();
+        let expected = data.len();
+        let collector = std::thread::spawn(move || {
+            let mut got = vec![0u8; expected];
+            reader.read_exact(&mut got).unwrap();
+            got
+        });
+        socket.write_all(&data).unwrap();
+        assert!(collector.join().unwrap() == data, "forwarded bytes differ");
+        drop(socket);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}

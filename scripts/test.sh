@@ -3,14 +3,17 @@
 #
 # On a fresh Debian 12 machine (run as root, or with sudo available) it
 #   1. installs Debian's `adb` package (Google adb 29.0.6) if adb is missing,
-#   2. installs the pinned Python test dependencies,
-#   3. builds the workspace (release),
-#   4. checks formatting,
-#   5. runs clippy with warnings denied,
-#   6. runs the Rust tests,
-#   7. runs the interop suite (tests/interop) of stock adb against oxadbd.
+#   2. installs the pinned Python test dependencies (pytest, adb-shell),
+#   3. installs Node.js and npm (Debian's nodejs and npm packages) if missing,
+#      and the pinned Tango client (npm ci in tests/interop/tango),
+#   4. builds the workspace (release),
+#   5. checks formatting,
+#   6. runs clippy with warnings denied,
+#   7. runs the Rust tests,
+#   8. runs the interop suite (tests/interop) of stock adb, Tango and
+#      adb-shell against oxadbd.
 # Any failure stops the run with a non-zero exit status. Nothing is skipped:
-# a missing peer (adb, python, cargo, oxadbd) is an error.
+# a missing peer (adb, python, node, npm, cargo, oxadbd) is an error.
 #
 # Options (environment):
 #   PYTEST_ARGS  extra arguments for pytest (e.g. "-k shell -x")
@@ -23,7 +26,7 @@ REPO="$(pwd)"
 ADB_WANT="29.0.6"
 START=$SECONDS
 PHASE=0
-PHASES=7
+PHASES=8
 
 phase() {
     PHASE=$((PHASE + 1))
@@ -74,6 +77,29 @@ PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
 python3 -m pytest --version
 
 # --------------------------------------------------------------------------------
+phase "Node.js and Tango (npm ci in tests/interop/tango)"
+NODE_PKGS=()
+command -v node >/dev/null 2>&1 || NODE_PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || NODE_PKGS+=(npm)
+if [ "${#NODE_PKGS[@]}" -gt 0 ]; then
+    echo "missing: ${NODE_PKGS[*]}: installing Debian's ${NODE_PKGS[*]} package(s)"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${NODE_PKGS[@]}"
+fi
+command -v node >/dev/null 2>&1 || die "node is still not on PATH after installing the nodejs package"
+command -v npm >/dev/null 2>&1 || die "npm is still not on PATH after installing the npm package"
+NODE_VERSION_TEXT="$(node --version 2>&1)" || die "\`node --version\` failed: ${NODE_VERSION_TEXT}"
+NODE_MAJOR="${NODE_VERSION_TEXT#v}"
+NODE_MAJOR="${NODE_MAJOR%%.*}"
+case "${NODE_MAJOR}" in
+    '' | *[!0-9]*) die "cannot parse \`node --version\`: ${NODE_VERSION_TEXT}" ;;
+esac
+[ "${NODE_MAJOR}" -ge 18 ] || die "Tango needs Node.js >= 18 (Debian 12 has 18); \`node --version\` says ${NODE_VERSION_TEXT}"
+echo "node ${NODE_VERSION_TEXT}, npm $(npm --version)"
+(cd tests/interop/tango && npm ci --no-audit --no-fund) ||
+    die "\`npm ci\` failed in tests/interop/tango (pinned in its package-lock.json)"
+
+# --------------------------------------------------------------------------------
 phase "cargo build --release --workspace"
 command -v cargo >/dev/null 2>&1 || die "cargo is missing"
 cargo build --release --workspace
@@ -92,7 +118,7 @@ phase "cargo test --workspace --release"
 cargo test --workspace --release
 
 # --------------------------------------------------------------------------------
-phase "interop: stock adb ${ADB_WANT} against oxadbd (pytest tests/interop)"
+phase "interop: stock adb ${ADB_WANT}, Tango and adb-shell against oxadbd (pytest tests/interop)"
 export OXADBD="${REPO}/target/release/oxadbd"
 # shellcheck disable=SC2086
 python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}

@@ -15,6 +15,7 @@ use rand::{RngCore, SeedableRng};
 
 mod stream;
 
+
 #[derive(Parser)]
 #[command(about = "oxadb benchmark programs (they print tables; they are not tests)")]
 struct Args {
@@ -54,6 +55,12 @@ struct AdbLoopback {
     /// The adb client (Debian's adb 29 by default).
     #[arg(long, default_value = "adb")]
     adb: PathBuf,
+    /// The oxadb client.
+    #[arg(long, default_value = "target/release/oxadb")]
+    oxadb: PathBuf,
+    /// Clients to measure, comma-separated: adb, oxadb (burst), oxadb-classic.
+    #[arg(long, value_delimiter = ',', default_value = "adb,oxadb,oxadb-classic")]
+    clients: Vec<String>,
     /// A tmpfs directory for the data (the pull destination must be tmpfs).
     #[arg(long, default_value = "/dev/shm")]
     workdir: PathBuf,
@@ -232,6 +239,81 @@ fn machine_description() -> String {
     format!("{cores} cores, {cpu}, Linux {}", kernel.trim())
 }
 
+/// Runs `command` to completion; returns its wall time and its own CPU seconds.
+fn timed_child(command: &mut Command, what: &str) -> Result<(Duration, f64)> {
+    let start = Instant::now();
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {what}"))?;
+    let (output, cpu) = child.wait_with_output_rusage()?;
+    let elapsed = start.elapsed();
+    ensure!(
+        output.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((elapsed, cpu))
+}
+
+/// `wait_with_output` that also returns the child's CPU seconds (from wait4).
+trait WaitRusage {
+    fn wait_with_output_rusage(self) -> Result<(std::process::Output, f64)>;
+}
+
+impl WaitRusage for Child {
+    fn wait_with_output_rusage(mut self) -> Result<(std::process::Output, f64)> {
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        let mut out_pipe = self.stdout.take();
+        let mut err_pipe = self.stderr.take();
+        let err_thread = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(pipe) = err_pipe.as_mut() {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            buf
+        });
+        if let Some(pipe) = out_pipe.as_mut() {
+            pipe.read_to_end(&mut stdout)?;
+        }
+        stderr.extend(err_thread.join().expect("stderr reader"));
+        let mut status = 0;
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let pid = self.id() as libc::pid_t;
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        ensure!(rc == pid, "wait4: {}", std::io::Error::last_os_error());
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+        use std::os::unix::process::ExitStatusExt;
+        Ok((
+            std::process::Output {
+                status: std::process::ExitStatus::from_raw(status),
+                stdout,
+                stderr,
+            },
+            cpu,
+        ))
+    }
+}
+
+/// The adb server's pid for our private port (it does the transfer work for the adb client).
+fn adb_server_pid(port: u16) -> Option<u32> {
+    let wanted = format!("tcp:{port}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            let has = |s: &str| args.iter().any(|a| *a == s.as_bytes());
+            (has("fork-server") && has(&wanted)).then_some(pid)
+        })
+}
+
 fn adb_loopback(args: AdbLoopback) -> Result<()> {
     ensure!(args.runs >= 1, "--runs must be at least 1");
     let adb_version = run_checked(Command::new(&args.adb).arg("version"), "adb version")?;
@@ -290,55 +372,90 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let state = run_checked(session.adb_device().arg("get-state"), "adb get-state")?;
     ensure!(state.trim() == "device", "device state is {state:?}");
 
-    let names = ["raw TCP", "adb push", "adb pull"];
-    let mut seconds: [Vec<f64>; 3] = Default::default();
-    let mut daemon_cpu: [Vec<f64>; 3] = Default::default();
+    let adb_server = adb_server_pid(session.adb_port).context("finding the adb server process")?;
+    // Transfers: raw TCP, then push and pull for each client.
+    let mut names = vec!["raw TCP".to_string()];
+    for client in &args.clients {
+        ensure!(
+            ["adb", "oxadb", "oxadb-classic"].contains(&client.as_str()),
+            "unknown client {client:?}: expected adb, oxadb or oxadb-classic"
+        );
+        names.push(format!("{client} push"));
+        names.push(format!("{client} pull"));
+    }
+    let count = names.len();
+    let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); count];
+    let mut daemon_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
+    let mut client_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let pid = session.daemon.id();
+    let oxadb_home = dir.join("oxadb-home");
+    std::fs::create_dir_all(&oxadb_home)?;
     for run in 0..args.runs {
         // Interleave and rotate the order: the machine is noisy, and a slow
         // spell should hit every transfer, not one.
-        for step in 0..3 {
-            let which = (run + step) % 3;
+        for step in 0..count {
+            let which = (run + step) % count;
             let cpu_before = cpu_seconds(pid)?;
-            let elapsed = match which {
-                0 => raw_tcp(args.size)?,
-                1 => {
-                    let start = Instant::now();
-                    run_checked(
-                        session
-                            .adb_device()
-                            .arg("push")
-                            .arg(&source)
-                            .arg(&null_node),
-                        "adb push",
-                    )?;
-                    let elapsed = start.elapsed();
+            let (elapsed, cpu) = if which == 0 {
+                (raw_tcp(args.size)?, 0.0)
+            } else {
+                let client = &args.clients[(which - 1) / 2];
+                let push = which % 2 == 1;
+                let mut command = if client == "adb" {
+                    session.adb_device()
+                } else {
+                    let mut command = Command::new(&args.oxadb);
+                    command
+                        .env("HOME", &oxadb_home)
+                        .arg("-s")
+                        .arg(&session.serial);
+                    if client == "oxadb-classic" {
+                        command.arg("--no-burst");
+                    }
+                    command
+                };
+                let server_before = if client == "adb" {
+                    cpu_seconds(adb_server)?
+                } else {
+                    0.0
+                };
+                let _ = std::fs::remove_file(&pulled);
+                if push {
+                    command.arg("push").arg(&source).arg(&null_node);
+                } else {
+                    command.arg("pull").arg(&source).arg(&pulled);
+                }
+                let (elapsed, mut cpu) = timed_child(&mut command, &names[which])?;
+                if client == "adb" {
+                    cpu += cpu_seconds(adb_server)? - server_before;
+                }
+                if push {
                     let kind = std::fs::symlink_metadata(&null_node)?.file_type();
-                    ensure!(kind.is_char_device(), "push replaced the device node");
-                    elapsed
+                    ensure!(
+                        kind.is_char_device(),
+                        "{} replaced the device node",
+                        names[which]
+                    );
+                } else {
+                    ensure!(
+                        same_contents(&source, &pulled)?,
+                        "{}: pulled file differs",
+                        names[which]
+                    );
                 }
-                _ => {
-                    let _ = std::fs::remove_file(&pulled);
-                    let start = Instant::now();
-                    run_checked(
-                        session.adb_device().arg("pull").arg(&source).arg(&pulled),
-                        "adb pull",
-                    )?;
-                    let elapsed = start.elapsed();
-                    ensure!(same_contents(&source, &pulled)?, "pulled file differs");
-                    elapsed
-                }
+                (elapsed, cpu)
             };
-            let cpu = cpu_seconds(pid)? - cpu_before;
+            let daemon = cpu_seconds(pid)? - cpu_before;
             let secs = elapsed.as_secs_f64();
             eprintln!(
-                "run {} {:>8}: {:8.1} MB/s",
+                "run {} {:>20}: {:8.1} MB/s",
                 run + 1,
                 names[which],
                 args.size as f64 / secs / 1e6
             );
             seconds[which].push(secs);
-            daemon_cpu[which].push(cpu);
+            daemon_cpu[which].push(daemon);
+            client_cpu[which].push(cpu);
         }
     }
     if session.daemon.try_wait()?.is_some() {
@@ -360,29 +477,42 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         args.daemon_arg
     );
     println!();
-    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | oxadbd CPU s/GiB (median) |");
-    println!("|---|---|---|---|---|");
-    for which in 0..3 {
-        let mut rates: Vec<f64> = seconds[which].iter().map(rate).collect();
-        let runs = rates
+    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | vs adb 29 | client CPU s/GiB | oxadbd CPU s/GiB |");
+    println!("|---|---|---|---|---|---|---|");
+    let medians: Vec<f64> = seconds
+        .iter()
+        .map(|s| median(&mut s.iter().map(rate).collect::<Vec<_>>()))
+        .collect();
+    let adb_index = args.clients.iter().position(|c| c == "adb");
+    for which in 0..count {
+        let runs = seconds[which]
             .iter()
-            .map(|r| format!("{r:.0}"))
+            .map(|s| format!("{:.0}", rate(s)))
             .collect::<Vec<_>>()
             .join(", ");
-        let med = median(&mut rates);
-        let mut cpu: Vec<f64> = daemon_cpu[which].iter().map(|c| c / gib).collect();
-        let cpu = if which == 0 {
-            "-".to_string()
+        let per_gib =
+            |values: &[f64]| median(&mut values.iter().map(|c| c / gib).collect::<Vec<_>>());
+        let (client, daemon, versus_adb) = if which == 0 {
+            ("-".to_string(), "-".to_string(), "-".to_string())
         } else {
-            format!("{:.2}", median(&mut cpu))
+            let adb_same_direction = adb_index.map(|a| 1 + 2 * a + (which - 1) % 2);
+            (
+                format!("{:.2}", per_gib(&client_cpu[which])),
+                format!("{:.2}", per_gib(&daemon_cpu[which])),
+                adb_same_direction.map_or("-".to_string(), |a| {
+                    format!("{:.2}", medians[which] / medians[a])
+                }),
+            )
         };
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {} | {} | {} |",
             names[which],
             runs,
-            med,
-            med / raw_median,
-            cpu
+            medians[which],
+            medians[which] / raw_median,
+            versus_adb,
+            client,
+            daemon
         );
     }
     Ok(())

@@ -695,3 +695,20 @@ impl Drop for AdbStream {
 
 #[cfg(test)]
 mod tests;
+
+/// Tunes glibc's allocator for bulk transfers; call once at process start.
+///
+/// Packet payloads are 64 KiB to 1 MiB and come and go thousands of times a
+/// second. Above glibc's mmap threshold each one is a fresh mmap, so every
+/// transfer pays page faults and kernel page zeroing (about 15% of the
+/// daemon's CPU in a 1 GiB push, measured with perf); served from the heap they
+/// reuse warm memory. The trim threshold bounds what an idle process keeps.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+    }
+}

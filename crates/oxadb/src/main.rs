@@ -62,6 +62,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    oxadb_io::tune_allocator();
     let level = match args.verbose {
         0 => "warn",
         1 => "debug",

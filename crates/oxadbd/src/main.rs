@@ -40,6 +40,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    oxadb_io::tune_allocator();
     let default_level = match args.verbose {
         0 => "info",
         1 => "debug",

@@ -272,6 +272,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let mut bytes = [0u8; wire::SEND_V2_SETUP_LEN];
         self.read_exact(&mut bytes, "an SND2 setup frame").await?;
         let setup = wire::SendV2Setup::parse(&bytes).expect("a full setup frame");
+        debug!(
+            mode = format_args!("{:#o}", setup.mode),
+            flags = format_args!("{:#x}", setup.flags),
+            "SND2 setup"
+        );
         if setup.id != wire::ID_SEND_V2 {
             // adbd ignores this id; note it in case a client is out of step.
             debug!("sync: SND2 setup frame has id {}", wire::id_name(setup.id));
@@ -410,6 +415,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let mut bytes = [0u8; wire::RECV_V2_SETUP_LEN];
         self.read_exact(&mut bytes, "an RCV2 setup frame").await?;
         let setup = wire::RecvV2Setup::parse(&bytes).expect("a full setup frame");
+        debug!(flags = format_args!("{:#x}", setup.flags), "RCV2 setup");
         if setup.id != wire::ID_RECV_V2 {
             debug!("sync: RCV2 setup frame has id {}", wire::id_name(setup.id));
         }
@@ -709,7 +715,12 @@ struct PushJob {
 }
 
 impl PushJob {
-    fn run(self, mut input: ChunkReader) -> Result<(), TransferFailure> {
+    fn run(mut self, mut input: ChunkReader) -> Result<(), TransferFailure> {
+        if self.mode & libc::S_IFMT == libc::S_IFLNK {
+            // A link target always travels raw, whatever SND2's flags say: AOSP's
+            // daemon reads it without decompressing, and clients (go-adb) rely on it.
+            self.compression = Compression::None;
+        }
         if self.dry_run {
             // SND2 dry run: decode to validate, touch nothing.
             return self.decode(&mut input, &mut io::sink(), "couldn't discard data for");
@@ -1974,6 +1985,47 @@ mod tests {
             .unwrap();
         assert_eq!(fs::read_link(&link).unwrap(), Path::new("other"));
         assert!(temp_files_in(dir.path()).is_empty());
+        client.quit().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn push_v2_symlink_target_is_never_compressed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut client = Client::start();
+        for (name, flags) in [
+            ("brotli", wire::SYNC_FLAG_BROTLI),
+            ("lz4", wire::SYNC_FLAG_LZ4),
+            ("zstd", wire::SYNC_FLAG_ZSTD),
+        ] {
+            let link = dir.path().join(format!("link-{name}"));
+            // The target goes raw even though the flags name a compression.
+            client
+                .push_v2(
+                    &link,
+                    libc::S_IFLNK | 0o777,
+                    flags,
+                    b"target-file",
+                    64 * 1024,
+                )
+                .await
+                .unwrap();
+            assert_eq!(fs::read_link(&link).unwrap(), Path::new("target-file"));
+            let dry = dir.path().join(format!("dry-{name}"));
+            client
+                .push_v2(
+                    &dry,
+                    libc::S_IFLNK | 0o777,
+                    flags | wire::SYNC_FLAG_DRY_RUN,
+                    b"t",
+                    64 * 1024,
+                )
+                .await
+                .unwrap();
+            assert!(
+                fs::symlink_metadata(&dry).is_err(),
+                "dry run created {dry:?}"
+            );
+        }
         client.quit().await.unwrap();
     }
 

@@ -148,6 +148,10 @@ pub(crate) enum PullTarget {
     /// An existing destination that is not a regular file (a device node, a
     /// FIFO): written in place, never replaced, chmod'ed or removed.
     InPlace { file: File },
+    /// An existing regular file in a directory we may not create files in
+    /// (but the file is writable): truncated and rewritten in place, as adb
+    /// always does. Not atomic, but the only way.
+    Overwrite { file: File },
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -191,6 +195,19 @@ impl PullTarget {
                     })
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                    let writable = fs::metadata(dest).is_ok_and(|m| m.is_file());
+                    if !writable {
+                        return Err(e);
+                    }
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .truncate(true)
+                        .custom_flags(libc::O_CLOEXEC)
+                        .open(dest)
+                        .map_err(|_| e)?;
+                    return Ok(PullTarget::Overwrite { file });
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -198,34 +215,32 @@ impl PullTarget {
 
     pub(crate) fn file(&self) -> &File {
         match self {
-            PullTarget::Replace { file, .. } | PullTarget::InPlace { file } => file,
+            PullTarget::Replace { file, .. }
+            | PullTarget::InPlace { file }
+            | PullTarget::Overwrite { file } => file,
         }
     }
 
     /// Gives a complete temporary file its mode (and with `-a` its mtime) and
     /// renames it into place. Removes it if that fails.
     pub(crate) fn commit(self, attributes: Option<PulledAttributes>) -> io::Result<()> {
-        let PullTarget::Replace { temp, dest, file } = self else {
-            return Ok(());
-        };
-        let result = (|| {
-            let umask = process_umask();
-            let mode = match attributes {
-                Some(attributes) => attributes.mode & 0o7777 & !umask,
-                None => PULLED_FILE_MODE & !umask,
-            };
-            file.set_permissions(fs::Permissions::from_mode(mode))?;
-            if let Some(attributes) = attributes {
-                let when = unix_time(attributes.mtime);
-                file.set_times(FileTimes::new().set_accessed(when).set_modified(when))?;
+        match self {
+            PullTarget::InPlace { .. } => Ok(()),
+            PullTarget::Overwrite { file } => match attributes {
+                Some(attributes) => apply_attributes(&file, Some(attributes)),
+                None => Ok(()),
+            },
+            PullTarget::Replace { temp, dest, file } => {
+                let result = apply_attributes(&file, attributes).and_then(|()| {
+                    drop(file);
+                    fs::rename(&temp, &dest)
+                });
+                if result.is_err() {
+                    let _ = fs::remove_file(&temp);
+                }
+                result
             }
-            drop(file);
-            fs::rename(&temp, &dest)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
         }
-        result
     }
 
     /// Discards a temporary file; leaves an in-place destination alone.
@@ -237,6 +252,22 @@ impl PullTarget {
     }
 }
 
+/// The mode adb gives a pulled file (0644, or with `-a` the device's), minus
+/// the umask, and with `-a` the device's mtime.
+fn apply_attributes(file: &File, attributes: Option<PulledAttributes>) -> io::Result<()> {
+    let umask = process_umask();
+    let mode = match attributes {
+        Some(attributes) => attributes.mode & 0o7777 & !umask,
+        None => PULLED_FILE_MODE & !umask,
+    };
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
+    if let Some(attributes) = attributes {
+        let when = unix_time(attributes.mtime);
+        file.set_times(FileTimes::new().set_accessed(when).set_modified(when))?;
+    }
+    Ok(())
+}
+
 fn unix_time(seconds: i64) -> SystemTime {
     if seconds >= 0 {
         SystemTime::UNIX_EPOCH + Duration::from_secs(seconds as u64)
@@ -245,9 +276,15 @@ fn unix_time(seconds: i64) -> SystemTime {
     }
 }
 
-/// This process's umask, read without changing it (`/proc/self/status`), else
-/// by the set-and-restore dance.
+/// This process's umask (read once).
 pub(crate) fn process_umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(read_umask)
+}
+
+/// The umask, read without changing it (`/proc/self/status`), else by the
+/// set-and-restore dance.
+fn read_umask() -> u32 {
     if let Ok(status) = fs::read_to_string("/proc/self/status") {
         for line in status.lines() {
             if let Some(value) = line.strip_prefix("Umask:") {

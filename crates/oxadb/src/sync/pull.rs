@@ -1,6 +1,5 @@
 //! `adb pull`: files and trees, several sources, `-a`.
 
-use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -218,7 +217,7 @@ struct Puller<'a> {
 
 impl Puller<'_> {
     async fn session(&mut self) -> Result<&mut SyncSession> {
-        if self.session.as_ref().map_or(true, SyncSession::is_ended) {
+        if self.session.as_ref().is_none_or(SyncSession::is_ended) {
             self.session = None;
             let session = SyncSession::open_with(self.device, self.features).await?;
             self.session = Some(session);
@@ -260,15 +259,11 @@ impl Puller<'_> {
         progress: &mut dyn Progress,
     ) -> Result<TransferSummary> {
         let mut steps = Vec::new();
-        let mut visited = HashSet::new();
-        if root.ino != 0 {
-            visited.insert((root.dev, root.ino));
-        }
+        let mut ancestors = vec![(root.dev, root.ino)];
         self.plan(
             remote_dir.to_vec(),
             local_dir.to_path_buf(),
-            0,
-            &mut visited,
+            &mut ancestors,
             &mut steps,
             progress,
         )
@@ -301,16 +296,17 @@ impl Puller<'_> {
 
     /// Lists `remote_dir` recursively into steps: the directory itself, its
     /// files, then its subdirectories (symlinks to directories included).
+    /// `ancestors` holds the (dev, inode) of the directories above, to stop
+    /// at symlink loops.
     async fn plan(
         &mut self,
         remote_dir: Vec<u8>,
         local_dir: PathBuf,
-        depth: usize,
-        visited: &mut HashSet<(u64, u64)>,
+        ancestors: &mut Vec<(u64, u64)>,
         steps: &mut Vec<Step>,
         progress: &mut dyn Progress,
     ) -> Result<()> {
-        if depth > MAX_DEPTH {
+        if ancestors.len() > MAX_DEPTH {
             return Err(transfer_error(format!(
                 "failed to copy '{}': more than {MAX_DEPTH} directory levels (a symlink loop?)",
                 show(&remote_dir)
@@ -366,14 +362,18 @@ impl Puller<'_> {
         }
         for (remote, local, stat) in subdirs {
             // Without inode numbers (no stat_v2) only the depth limit stops loops.
-            if stat.ino != 0 && !visited.insert((stat.dev, stat.ino)) {
+            let id = (stat.dev, stat.ino);
+            if stat.ino != 0 && ancestors.contains(&id) {
                 progress.warning(&format!(
-                    "skipping '{}': directory already pulled (symlink loop?)",
+                    "skipping '{}': it links back to a directory above it",
                     show(&remote)
                 ));
                 continue;
             }
-            Box::pin(self.plan(remote, local, depth + 1, visited, steps, progress)).await?;
+            ancestors.push(id);
+            let planned = Box::pin(self.plan(remote, local, ancestors, steps, progress)).await;
+            ancestors.pop();
+            planned?;
         }
         Ok(())
     }

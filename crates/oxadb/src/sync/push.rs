@@ -201,7 +201,7 @@ struct Pusher<'a> {
 impl Pusher<'_> {
     /// The current session, or a new one if the device ended the last.
     async fn session(&mut self) -> Result<&mut SyncSession> {
-        if self.session.as_ref().map_or(true, SyncSession::is_ended) {
+        if self.session.as_ref().is_none_or(SyncSession::is_ended) {
             self.session = None;
             let session = SyncSession::open_with(self.device, self.features).await?;
             self.session = Some(session);

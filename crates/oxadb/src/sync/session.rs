@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -206,6 +206,7 @@ impl SyncSession {
     /// directory with an empty listing.
     pub async fn list(&mut self, path: impl AsRef<[u8]>) -> Result<Vec<RemoteEntry>> {
         let path = path.as_ref();
+        self.settle().await?;
         let v2 = self.features.ls_v2;
         let id = if v2 {
             wire::ID_LIST_V2
@@ -376,6 +377,7 @@ impl SyncSession {
     // ----- stat -----
 
     pub(crate) async fn lstat_raw(&mut self, path: &[u8]) -> Result<StatReply> {
+        self.settle().await?;
         let id = if self.features.stat_v2 {
             wire::ID_LSTAT_V2
         } else {
@@ -388,6 +390,7 @@ impl SyncSession {
 
     /// `stat` following symlinks; emulated with `STAT` like adb's fallback.
     pub(crate) async fn stat_follow(&mut self, path: &[u8]) -> Result<StatReply> {
+        self.settle().await?;
         if self.features.stat_v2 {
             let request = self.request(wire::ID_STAT_V2, path)?;
             self.write(&request).await?;
@@ -414,6 +417,7 @@ impl SyncSession {
 
     /// `lstat`s of many paths, pipelined in batches like adb's `--sync` check.
     pub(crate) async fn lstat_many(&mut self, paths: &[&[u8]]) -> Result<Vec<StatReply>> {
+        self.settle().await?;
         let id = if self.features.stat_v2 {
             wire::ID_LSTAT_V2
         } else {
@@ -678,9 +682,7 @@ impl SyncSession {
     /// Writes push data; when the device closed the stream, its `FAIL` says why.
     async fn write_push(&mut self, bytes: &[u8]) -> Result<()> {
         if let Err(error) = self.stream.write_all(bytes).await {
-            if let Err(reported) = self.collect_acks(true).await {
-                return Err(reported);
-            }
+            self.collect_acks(true).await?;
             return Err(self.stream_error(&error));
         }
         Ok(())
@@ -775,6 +777,7 @@ impl SyncSession {
         progress: &mut dyn Progress,
     ) -> Result<u64> {
         self.usable()?;
+        self.settle().await?;
         let remote_name = show(remote).into_owned();
         progress.start(&remote_name, size);
         let result = self
@@ -932,6 +935,15 @@ impl SyncSession {
     }
 
     // ----- stream helpers -----
+
+    /// Before a request with a reply: the answers to earlier pushes come first.
+    async fn settle(&mut self) -> Result<()> {
+        if self.unacked.is_empty() {
+            Ok(())
+        } else {
+            self.collect_acks(true).await
+        }
+    }
 
     fn usable(&self) -> Result<()> {
         match &self.ended {
@@ -1130,7 +1142,7 @@ fn write_target(
     compression: wire::Compression,
     attributes: Option<PulledAttributes>,
     written: &AtomicU64,
-    local: &PathBuf,
+    local: &Path,
     remote: &str,
 ) -> std::result::Result<(), Option<String>> {
     match codec::write_pulled(queue, compression, target.file(), written) {

@@ -15,7 +15,6 @@ use rand::{RngCore, SeedableRng};
 
 mod stream;
 
-
 #[derive(Parser)]
 #[command(about = "oxadb benchmark programs (they print tables; they are not tests)")]
 struct Args {
@@ -309,7 +308,7 @@ fn adb_server_pid(port: u16) -> Option<u32> {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
             let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            let has = |s: &str| args.iter().any(|a| *a == s.as_bytes());
+            let has = |s: &str| args.contains(&s.as_bytes());
             (has("fork-server") && has(&wanted)).then_some(pid)
         })
 }

@@ -89,9 +89,11 @@ impl State {
             match event {
                 Event::AuthChallenge { token, attempt } => {
                     let reply = self.auth.as_mut().and_then(|auth| auth(&token, attempt));
-                    match reply {
-                        Some(reply) => self.engine.send_auth(reply),
-                        None => self.awaiting_user = true,
+                    // Once our public key is offered (or nothing is left to
+                    // offer) only the device's user can let us in.
+                    self.awaiting_user = !matches!(reply, Some(AuthReply::Signature(_)));
+                    if let Some(reply) = reply {
+                        self.engine.send_auth(reply);
                     }
                 }
                 Event::Connected => {

@@ -1,0 +1,138 @@
+//! `oxadb` answering a device's AUTH challenges, against a scripted device that
+//! verifies the signatures with the host's real key: signature first, then the
+//! public key once the signature is refused, and a clear "unauthorized" error
+//! when the device never accepts.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use oxadb_auth::PrivateKey;
+use oxadb_wire::{Banner, Command as Cmd, Header, Packet, HEADER_LEN, MAX_PAYLOAD};
+
+const AUTH_TOKEN: u32 = 1;
+const AUTH_SIGNATURE: u32 = 2;
+const AUTH_RSAPUBLICKEY: u32 = 3;
+
+fn read_packet(socket: &mut TcpStream) -> Packet {
+    let mut raw = [0u8; HEADER_LEN];
+    socket.read_exact(&mut raw).unwrap();
+    let header = Header::decode(&raw, MAX_PAYLOAD).unwrap();
+    let mut payload = vec![0u8; header.data_length as usize];
+    socket.read_exact(&mut payload).unwrap();
+    Packet::new(header.command, header.arg0, header.arg1, payload)
+}
+
+fn send(socket: &mut TcpStream, packet: Packet) {
+    socket.write_all(&packet.to_bytes(false)).unwrap();
+}
+
+fn token(seed: u8) -> Vec<u8> {
+    (0..20)
+        .map(|i| seed.wrapping_mul(31).wrapping_add(i))
+        .collect()
+}
+
+fn host_key(home: &Path) -> PrivateKey {
+    let pem = std::fs::read_to_string(home.join(".android/adbkey")).unwrap();
+    PrivateKey::from_pem(&pem).unwrap()
+}
+
+/// Runs `oxadb get-state` against a device scripted by `device`.
+fn run_against(
+    device: impl FnOnce(TcpStream, &Path) + Send + 'static,
+) -> (Output, tempfile::TempDir) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let home_path = home.path().to_path_buf();
+    let script = std::thread::spawn(move || {
+        let (socket, _) = listener.accept().unwrap();
+        device(socket, &home_path);
+    });
+    let output = Command::new(env!("CARGO_BIN_EXE_oxadb"))
+        .args(["-s", &addr.to_string(), "get-state"])
+        .env("HOME", home.path())
+        .env_remove("ADB_VENDOR_KEYS")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    script.join().unwrap();
+    (output, home)
+}
+
+fn device_cnxn() -> Packet {
+    let mut banner = Banner::new("device");
+    banner.features.push("shell_v2".into());
+    Packet::new(
+        Cmd::Cnxn,
+        0x0100_0001,
+        MAX_PAYLOAD,
+        banner.encode().into_bytes(),
+    )
+}
+
+#[test]
+fn signs_the_token_with_its_adbkey() {
+    let (output, _home) = run_against(|mut socket, home| {
+        assert_eq!(read_packet(&mut socket).command, Cmd::Cnxn);
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(1)));
+        let reply = read_packet(&mut socket);
+        assert_eq!((reply.command, reply.arg0), (Cmd::Auth, AUTH_SIGNATURE));
+        let key = host_key(home).public_key();
+        assert!(
+            key.verify_token(&token(1), &reply.payload),
+            "signature does not verify"
+        );
+        send(&mut socket, device_cnxn());
+        // The host closes once get-state is done.
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest);
+    });
+    assert_eq!(output.stdout, b"device\n", "{output:?}");
+    assert_eq!(output.status.code(), Some(0));
+}
+
+#[test]
+fn offers_its_public_key_when_the_signature_is_refused() {
+    let (output, home) = run_against(|mut socket, home| {
+        read_packet(&mut socket);
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(2)));
+        assert_eq!(read_packet(&mut socket).arg0, AUTH_SIGNATURE);
+        // Refuse: a new token, as adbd does.
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(3)));
+        let offer = read_packet(&mut socket);
+        assert_eq!((offer.command, offer.arg0), (Cmd::Auth, AUTH_RSAPUBLICKEY));
+        let text = std::str::from_utf8(&offer.payload).unwrap();
+        assert!(text.ends_with('\0'), "payload is NUL-terminated");
+        let (key, _comment) =
+            oxadb_auth::PublicKey::parse_adbkey_pub(text.trim_end_matches('\0')).unwrap();
+        assert_eq!(key, host_key(home).public_key());
+        // The user accepts the key on the device.
+        send(&mut socket, device_cnxn());
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest);
+    });
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let public = std::fs::read_to_string(home.path().join(".android/adbkey.pub")).unwrap();
+    assert!(!public.is_empty());
+}
+
+#[test]
+fn unauthorized_device_is_a_clear_error() {
+    let (output, _home) = run_against(|mut socket, _home| {
+        read_packet(&mut socket);
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(4)));
+        assert_eq!(read_packet(&mut socket).arg0, AUTH_SIGNATURE);
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(5)));
+        assert_eq!(read_packet(&mut socket).arg0, AUTH_RSAPUBLICKEY);
+        // Nobody accepts the key: wait for the host to give up.
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest);
+    });
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unauthorized"), "{stderr}");
+    assert!(stderr.contains("adbkey.pub"), "{stderr}");
+}

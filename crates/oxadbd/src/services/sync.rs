@@ -43,9 +43,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use bytes::{Bytes, BytesMut};
 use oxadb_wire::sync::{self as wire, Compression, StatV1, StatV2, SyncHeader, TransferFlags};
 use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -83,11 +84,12 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut conn = Conn {
-        io: BufReader::with_capacity(STREAM_READ_BUFFER, stream),
+        stream,
+        buffer: BytesMut::new(),
     };
     let result = conn.serve_requests().await;
     // A FAIL written just before stopping must reach the host before the stream closes.
-    let _ = conn.io.get_mut().flush().await;
+    let _ = conn.stream.flush().await;
     match &result {
         Ok(()) => debug!("sync: done"),
         Err(e) => warn!("sync: stopped: {e}"),
@@ -103,7 +105,10 @@ enum Flow {
 }
 
 struct Conn<S> {
-    io: BufReader<S>,
+    stream: S,
+    /// Received and not yet parsed. `DATA` payloads are split off it as
+    /// `Bytes` and go to the file thread without another copy.
+    buffer: BytesMut,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
@@ -135,7 +140,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     return Err(self.protocol_violation(message).await);
                 }
             };
-            self.io.get_mut().flush().await?;
+            self.stream.flush().await?;
             if flow == Flow::End {
                 return Ok(());
             }
@@ -144,9 +149,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     // ----- stream helpers -----
 
+    /// Reads until `len` bytes are buffered; `false` if the stream ended first.
+    async fn fill(&mut self, len: usize) -> io::Result<bool> {
+        while self.buffer.len() < len {
+            let room = (len - self.buffer.len()).max(STREAM_READ_BUFFER);
+            self.buffer.reserve(room);
+            if self.stream.read_buf(&mut self.buffer).await? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Reads the next request header, or `None` if the host closed the stream cleanly.
     async fn next_request_header(&mut self) -> Result<Option<SyncHeader>, SyncError> {
-        if self.io.fill_buf().await?.is_empty() {
+        if !self.fill(1).await? {
             return Ok(None);
         }
         self.read_header("a request header").await.map(Some)
@@ -159,21 +176,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     async fn read_exact(&mut self, buf: &mut [u8], during: &'static str) -> Result<(), SyncError> {
-        match self.io.read_exact(buf).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(SyncError::Truncated(during)),
-            Err(e) => Err(e.into()),
+        let bytes = self.read_bytes(buf.len(), during).await?;
+        buf.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    async fn read_bytes(&mut self, len: usize, during: &'static str) -> Result<Bytes, SyncError> {
+        if !self.fill(len).await? {
+            return Err(SyncError::Truncated(during));
         }
+        Ok(self.buffer.split_to(len).freeze())
     }
 
     async fn read_vec(&mut self, len: usize, during: &'static str) -> Result<Vec<u8>, SyncError> {
-        let mut buf = vec![0u8; len];
-        self.read_exact(&mut buf, during).await?;
-        Ok(buf)
+        Ok(self.read_bytes(len, during).await?.to_vec())
     }
 
     async fn send(&mut self, bytes: &[u8]) -> Result<(), SyncError> {
-        self.io.get_mut().write_all(bytes).await?;
+        self.stream.write_all(bytes).await?;
         Ok(())
     }
 
@@ -181,7 +201,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn fail(&mut self, message: &str) -> Result<(), SyncError> {
         warn!("sync: FAIL: {message}");
         self.send(&wire::encode_fail(message)).await?;
-        self.io.get_mut().flush().await?;
+        self.stream.flush().await?;
         Ok(())
     }
 
@@ -322,7 +342,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                             break Some(SyncError::Protocol(message));
                         }
                     };
-                    let payload = match self.read_vec(len, "a push").await {
+                    let payload = match self.read_bytes(len, "a push").await {
                         Ok(payload) => payload,
                         Err(e) => break Some(e),
                     };
@@ -437,7 +457,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
 
         while let Some(frame) = queue.recv().await {
-            if let Err(e) = self.io.get_mut().write_all(&frame).await {
+            if let Err(e) = self.stream.write_all(&frame).await {
                 drop(queue);
                 let _ = worker.await;
                 return Err(e.into());
@@ -562,7 +582,7 @@ enum TransferFailure {
 
 /// What the async side hands the file thread during a push.
 enum PushInput {
-    Data(Vec<u8>),
+    Data(Bytes),
     /// End of the data; the value is the mtime to give the file.
     Done {
         mtime: u32,
@@ -572,7 +592,7 @@ enum PushInput {
 /// The pushed bytes as a blocking reader that ends at `DONE`.
 struct ChunkReader {
     queue: mpsc::Receiver<PushInput>,
-    chunk: Vec<u8>,
+    chunk: Bytes,
     pos: usize,
     done_mtime: Option<u32>,
     host_gone: bool,
@@ -583,7 +603,7 @@ impl ChunkReader {
     fn new(queue: mpsc::Receiver<PushInput>) -> Self {
         Self {
             queue,
-            chunk: Vec::new(),
+            chunk: Bytes::new(),
             pos: 0,
             done_mtime: None,
             host_gone: false,
@@ -1608,7 +1628,7 @@ mod tests {
         let feeder = std::thread::spawn(move || {
             for piece in frame.chunks(999) {
                 chunks
-                    .blocking_send(PushInput::Data(piece.to_vec()))
+                    .blocking_send(PushInput::Data(Bytes::copy_from_slice(piece)))
                     .unwrap();
             }
             chunks.blocking_send(PushInput::Done { mtime: 0 }).unwrap();

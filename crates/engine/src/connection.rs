@@ -6,12 +6,13 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
 use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYLOAD};
 use thiserror::Error;
 
 use crate::credit::{RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
+use crate::send_queue::SendQueue;
 
 /// Which end of the connection we are. A value, never a compile-time switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +185,7 @@ struct Stream {
     send: SendCredit,
     recv: RecvCredit,
     /// Written by the application, not yet sent as WRTE.
-    outgoing: BytesMut,
+    outgoing: SendQueue,
     /// Received, not yet read by the application.
     incoming: VecDeque<Bytes>,
     peer_closed: bool,
@@ -316,7 +317,7 @@ impl Connection {
             state,
             send,
             recv: RecvCredit::new(self.delayed_ack(), self.config.local_buffer),
-            outgoing: BytesMut::new(),
+            outgoing: SendQueue::default(),
             incoming: VecDeque::new(),
             peer_closed: false,
             closing: false,
@@ -736,6 +737,31 @@ impl Connection {
         Ok(taken)
     }
 
+    /// Queues a whole chunk without copying it. Unlike [`Connection::write`]
+    /// it takes all of `data` (the caller waits for [`Connection::is_writable`]
+    /// first, so the queue overshoots its limit by at most one chunk).
+    pub fn write_bytes(&mut self, id: StreamId, data: Bytes) -> Result<(), StreamError> {
+        let stream = self
+            .streams
+            .get_mut(&id.0)
+            .ok_or(StreamError::Unknown(id))?;
+        if stream.peer_closed || stream.closing {
+            return Err(StreamError::Closed(id));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let was_empty = stream.outgoing.is_empty();
+        stream.outgoing.push_bytes(data);
+        if stream.outgoing.len() >= self.config.send_buffer {
+            stream.writer_blocked = true;
+        }
+        if was_empty && stream.state == StreamState::Open {
+            self.sendable.push_back(id.0);
+        }
+        Ok(())
+    }
+
     /// Takes received data for the application, up to `max` bytes.
     pub fn read(&mut self, id: StreamId, max: usize) -> Result<Read, StreamError> {
         let stream = self
@@ -834,8 +860,10 @@ impl Connection {
             {
                 continue;
             }
-            let len = stream.outgoing.len().min(max_payload);
-            let payload = stream.outgoing.split_to(len).freeze();
+            // A whole chunk may be shorter than the payload limit: count what
+            // actually leaves, not what was asked for.
+            let payload = stream.outgoing.take(max_payload);
+            let len = payload.len();
             stream.send.on_sent(len);
             stream.stats.bytes_sent += len as u64;
             stream.stats.packets_sent += 1;

@@ -5,6 +5,7 @@
 //! and deterministic.
 pub mod connection;
 pub mod credit;
+pub mod send_queue;
 
 pub use connection::{
     AuthReply, Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId,

@@ -420,3 +420,38 @@ fn host_answers_auth_challenges() {
         Err(ProtocolError::BadAuth(AUTH_SIGNATURE))
     );
 }
+
+#[test]
+fn whole_chunks_keep_flowing() {
+    for delayed_ack in [true, false] {
+        let mut pair = Pair::new(
+            config(Role::Host, delayed_ack),
+            config(Role::Device, delayed_ack),
+        );
+        let (host_id, device_id) = pair.open("source:");
+        let chunk = Bytes::from(vec![3u8; 64 * 1024]);
+        let mut sent = 0usize;
+        let mut received = 0usize;
+        let mut idle_rounds = 0;
+        while received < 400 * chunk.len() {
+            let mut progressed = false;
+            while sent < 400 && pair.device.is_writable(device_id) {
+                pair.device.write_bytes(device_id, chunk.clone()).unwrap();
+                sent += 1;
+                progressed = true;
+            }
+            pair.drive();
+            while let Read::Data(data) = pair.host.read(host_id, 64 * 1024).unwrap() {
+                received += data.len();
+                progressed = true;
+            }
+            pair.drive();
+            if progressed {
+                idle_rounds = 0;
+            } else {
+                idle_rounds += 1;
+                assert!(idle_rounds < 3, "stalled after {sent} chunks sent, {received} bytes received (delayed_ack {delayed_ack})");
+            }
+        }
+    }
+}

@@ -624,6 +624,53 @@ impl AdbStream {
     }
 }
 
+/// A writer that can take owned chunks without copying them; the sync
+/// service uses it so file data read into a buffer goes out as the WRTE
+/// payload itself.
+pub trait WriteChunk: AsyncWrite + Unpin {
+    fn write_chunk(
+        &mut self,
+        data: Bytes,
+    ) -> impl std::future::Future<Output = io::Result<()>> + Send;
+}
+
+impl WriteChunk for AdbStream {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        let mut data = Some(data);
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some(error) = &state.closed {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    format!("{}: connection ended: {error}", self.id),
+                )));
+            }
+            if !state.engine.is_writable(self.id) && !state.engine.is_closed(self.id) {
+                if let Some(wakers) = state.streams.get_mut(&self.id) {
+                    wakers.write = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            let chunk = data.take().expect("polled after completion");
+            match state.engine.write_bytes(self.id, chunk) {
+                Ok(()) => {
+                    self.shared.after_engine_call(&mut state);
+                    Poll::Ready(Ok(()))
+                }
+                Err(error) => Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, error))),
+            }
+        })
+        .await
+    }
+}
+
+/// In-memory pipes (tests) take chunks by copying them.
+impl WriteChunk for tokio::io::DuplexStream {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.write_all(&data).await
+    }
+}
+
 impl AsyncRead for AdbStream {
     fn poll_read(
         self: Pin<&mut Self>,

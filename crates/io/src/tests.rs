@@ -122,3 +122,47 @@ async fn bad_magic_ends_only_that_connection() {
     assert_eq!(n, 0);
     echo_round_trip(&good, 1000, 9).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_chunks_flow_under_credit() {
+    // Chunks shorter than a packet (one WRTE each) and close to a packet.
+    for (delayed_ack, chunk_len, chunks) in [
+        (true, 64 * 1024, 2000),
+        (false, 64 * 1024, 500),
+        (true, 15 * (65536 + 8), 300),
+        (false, 15 * (65536 + 8), 100),
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let device = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let (connection, run) =
+                Connection::start_tcp(socket, config(Role::Device, delayed_ack)).unwrap();
+            tokio::spawn(run);
+            let mut stream = connection.next_incoming().await.unwrap().accept();
+            for i in 0..chunks {
+                let chunk = Bytes::from(vec![i as u8; chunk_len]);
+                tokio::time::timeout(std::time::Duration::from_secs(5), stream.write_chunk(chunk))
+                    .await
+                    .unwrap_or_else(|_| panic!("write_chunk {i} stalled"))
+                    .unwrap();
+            }
+            stream.write_all(b"end").await.unwrap();
+        });
+        let connection = host(addr, delayed_ack).await;
+        let mut stream = connection.open("source:").await.unwrap();
+        let mut total = 0usize;
+        while let Some(chunk) = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            stream.read_chunk(64 * 1024),
+        )
+        .await
+        .expect("read stalled")
+        .unwrap()
+        {
+            total += chunk.len();
+        }
+        assert_eq!(total, chunk_len * chunks + 3);
+        device.await.unwrap();
+    }
+}

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
+use oxadb_io::WriteChunk;
 use oxadb_wire::sync::{self as wire, Compression, StatV1, StatV2, SyncHeader, TransferFlags};
 use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -52,6 +53,11 @@ use tracing::{debug, warn};
 
 /// Buffer in front of the stream; holds a couple of `DATA` frames.
 const STREAM_READ_BUFFER: usize = 128 * 1024;
+/// `DATA` frames per pull buffer: 15 frames of 64 KiB + 8 fit in one 1 MiB
+/// WRTE payload (`MAX_PAYLOAD`), so a buffer is exactly one packet.
+const FRAMES_PER_BATCH: usize = 15;
+/// Pull buffers queued between the file thread and the stream (about 4 MiB).
+const PULL_QUEUE_DEPTH: usize = 4;
 /// `DATA` chunks (64 KiB each) queued between the stream and the file thread.
 const CHUNK_QUEUE_DEPTH: usize = 16;
 /// Bytes read or decoded at once on the file thread.
@@ -81,7 +87,7 @@ pub enum SyncError {
 /// Serves one `sync:` stream until the host sends `QUIT` or closes it.
 pub async fn serve<S>(stream: S) -> Result<(), SyncError>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send + 'static,
 {
     let mut conn = Conn {
         stream,
@@ -111,7 +117,7 @@ struct Conn<S> {
     buffer: BytesMut,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
     async fn serve_requests(&mut self) -> Result<(), SyncError> {
         loop {
             let Some(header) = self.next_request_header().await? else {
@@ -451,13 +457,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
 
     /// Streams the file as `DATA` frames (each header and payload in one buffer), then `DONE`.
     async fn recv(&mut self, path: PathBuf, compression: Compression) -> Result<Flow, SyncError> {
-        let (frames, mut queue) = mpsc::channel::<Vec<u8>>(CHUNK_QUEUE_DEPTH);
+        let (frames, mut queue) = mpsc::channel::<Vec<u8>>(PULL_QUEUE_DEPTH);
         let worker_path = path.clone();
         let worker =
             tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
 
         while let Some(frame) = queue.recv().await {
-            if let Err(e) = self.stream.write_all(&frame).await {
+            if let Err(e) = self.stream.write_chunk(Bytes::from(frame)).await {
                 drop(queue);
                 let _ = worker.await;
                 return Err(e.into());
@@ -1085,18 +1091,36 @@ fn send_file(
     };
     let mut file = File::open(path).map_err(|e| report("couldn't open", e))?;
     if compression == Compression::None {
+        // Whole DATA frames, several to a buffer, so each buffer is one WRTE
+        // payload that the driver sends as it is (no copy, no small packets).
+        const FRAME: usize = HEADER_LEN + SYNC_DATA_MAX;
         loop {
-            let mut frame = vec![0u8; HEADER_LEN + SYNC_DATA_MAX];
-            let n = read_up_to(&mut file, &mut frame[HEADER_LEN..])
-                .map_err(|e| report("couldn't read", e))?;
-            if n == 0 {
+            let mut batch = vec![0u8; FRAMES_PER_BATCH * FRAME];
+            let mut filled = 0;
+            let mut at_end = false;
+            while filled + FRAME <= batch.len() {
+                let n = read_up_to(&mut file, &mut batch[filled + HEADER_LEN..filled + FRAME])
+                    .map_err(|e| report("couldn't read", e))?;
+                if n == 0 {
+                    at_end = true;
+                    break;
+                }
+                batch[filled..filled + HEADER_LEN].copy_from_slice(&wire::encode_data_header(n));
+                filled += HEADER_LEN + n;
+                if n < SYNC_DATA_MAX {
+                    at_end = true;
+                    break;
+                }
+            }
+            batch.truncate(filled);
+            if !batch.is_empty() {
+                frames
+                    .blocking_send(batch)
+                    .map_err(|_| TransferFailure::HostGone)?;
+            }
+            if at_end {
                 return Ok(());
             }
-            frame[..HEADER_LEN].copy_from_slice(&wire::encode_data_header(n));
-            frame.truncate(HEADER_LEN + n);
-            frames
-                .blocking_send(frame)
-                .map_err(|_| TransferFailure::HostGone)?;
         }
     }
 

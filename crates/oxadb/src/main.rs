@@ -82,7 +82,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(args));
+    let result = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut interrupt), Ok(mut terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return run(args).await;
+        };
+        // On Ctrl-C or SIGTERM the command is dropped (restoring the terminal)
+        // and half-written pull files are removed: nothing partial is left.
+        let signal_number = tokio::select! {
+            result = run(args) => return result,
+            _ = interrupt.recv() => libc::SIGINT,
+            _ = terminate.recv() => libc::SIGTERM,
+        };
+        oxadb::sync::remove_unfinished_pulls();
+        Ok(128 + signal_number)
+    });
     // A blocking read of stdin may still be pending; do not wait for it.
     runtime.shutdown_background();
     match result {

@@ -211,3 +211,55 @@ fn forward_relays_both_ways() {
         child.wait().unwrap();
     }
 }
+
+#[test]
+fn interrupted_pull_leaves_no_temporary_file() {
+    let addr = start_daemon(true);
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = source_dir.path().join("big.bin");
+    let data: Vec<u8> = (0..256u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    std::fs::write(&source, &data).unwrap();
+    let dest_dir = tempfile::tempdir().unwrap();
+    let dest = dest_dir.path().join("big.bin");
+    std::fs::write(&dest, b"previous contents").unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oxadb"))
+        .args([
+            "-s",
+            &addr.to_string(),
+            "pull",
+            source.to_str().unwrap(),
+            dest.to_str().unwrap(),
+        ])
+        .env("HOME", home.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let temp_files = || -> Vec<_> {
+        std::fs::read_dir(dest_dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".oxadb-pull."))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while temp_files().is_empty() {
+        assert!(Instant::now() < deadline, "the pull never started");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the pull finished before it could be interrupted"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert!(
+        temp_files().is_empty(),
+        "a temporary pull file was left behind"
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), b"previous contents");
+}

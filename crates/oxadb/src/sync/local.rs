@@ -156,6 +156,29 @@ pub(crate) enum PullTarget {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Temporary pull files not yet renamed into place or removed, so that an
+/// interrupted process (Ctrl-C, SIGTERM) can remove them before it exits.
+static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn forget_unfinished(temp: &Path) {
+    unfinished().retain(|p| p != temp);
+}
+
+/// Removes every temporary pull file still in progress; for signal handlers
+/// that end the process. Returns how many were removed.
+pub fn remove_unfinished_pulls() -> usize {
+    let mut files = unfinished();
+    let count = files.iter().filter(|p| fs::remove_file(p).is_ok()).count();
+    files.clear();
+    count
+}
+
 impl PullTarget {
     /// Prepares to write `dest`. A FIFO blocks here until it has a reader.
     pub(crate) fn open(dest: &Path) -> io::Result<PullTarget> {
@@ -188,11 +211,12 @@ impl PullTarget {
                 .open(&temp)
             {
                 Ok(file) => {
+                    unfinished().push(temp.clone());
                     return Ok(PullTarget::Replace {
                         temp,
                         dest: dest.to_path_buf(),
                         file,
-                    })
+                    });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
@@ -238,6 +262,7 @@ impl PullTarget {
                 if result.is_err() {
                     let _ = fs::remove_file(&temp);
                 }
+                forget_unfinished(&temp);
                 result
             }
         }
@@ -248,6 +273,7 @@ impl PullTarget {
         if let PullTarget::Replace { temp, file, .. } = self {
             drop(file);
             let _ = fs::remove_file(&temp);
+            forget_unfinished(&temp);
         }
     }
 }

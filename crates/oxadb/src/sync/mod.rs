@@ -63,6 +63,7 @@ use oxadb_wire::sync as wire;
 
 use crate::device::Device;
 
+pub use local::remove_unfinished_pulls;
 pub use pull::pull;
 pub use push::push;
 pub use session::SyncSession;

@@ -126,3 +126,39 @@ def test_killed_push_of_new_file_leaves_nothing(adb_server, fresh_daemon, tmp_pa
         assert r.stdout == b"alive\n", r
     finally:
         adb_server.disconnect(d.serial)
+
+
+def test_daemon_stopped_mid_push_leaves_nothing(adb_server, fresh_daemon, tmp_path):
+    """SIGTERM to oxadbd during a push: it removes the push's temporary file
+    and leaves the previous destination intact before it exits."""
+    d = fresh_daemon()
+    adb_server.connect(d.serial)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    victim = remote / "victim.bin"
+    old_digest = write_random(victim, 1 << 20)
+    src = tmp_path / "huge.bin"
+    with open(src, "wb") as f:
+        f.truncate(1 << 30)
+    proc = adb_server.popen("push", str(src), str(victim), serial=d.serial)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(n.startswith(".oxadb-push.") for n in os.listdir(remote)):
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "adb push finished before the daemon could be stopped"
+        assert any(n.startswith(".oxadb-push.") for n in os.listdir(remote)), \
+            "the push never started"
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(timeout=15) == 0, "oxadbd did not exit cleanly on SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert sorted(os.listdir(remote)) == ["victim.bin"], \
+        f"debris left after the daemon stopped: {os.listdir(remote)}"
+    assert sha256_file(victim) == old_digest
+    assert b"SIGTERM: exiting" in d.log_since(0)

@@ -81,7 +81,7 @@ fn main() -> anyhow::Result<()> {
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("listening on {}", config.listen))?;
@@ -91,12 +91,24 @@ fn main() -> anyhow::Result<()> {
             delayed_ack = config.delayed_ack,
             "listening on {local}"
         );
-        tokio::select! {
-            result = oxadbd::server::serve(listener, config) => result.context("serving"),
-            _ = tokio::signal::ctrl_c() => {
-                tracing::info!("interrupted; exiting");
-                Ok(())
-            }
-        }
-    })
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let stopped_by = tokio::select! {
+            result = oxadbd::server::serve(listener, config) => return result.context("serving"),
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        // Pushes in progress never complete now: remove their temporary files
+        // so nothing half-written is left beside a destination.
+        let removed = oxadbd::services::sync::remove_unfinished_pushes();
+        tracing::info!(removed_temporary_files = removed, "{stopped_by}: exiting");
+        Ok(())
+    });
+    // File threads of aborted pushes finish once their tasks are gone; do not
+    // wait for anything else.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
 }

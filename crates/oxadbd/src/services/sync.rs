@@ -1002,7 +1002,34 @@ struct TempEntry {
     armed: bool,
 }
 
+/// Temporary entries of pushes in progress, so a daemon told to stop can
+/// remove them (file threads may still hold theirs).
+static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Removes the temporary files of every push still in progress; for a daemon
+/// that is shutting down. Returns how many were removed.
+pub fn remove_unfinished_pushes() -> usize {
+    let mut entries = unfinished();
+    let count = entries
+        .iter()
+        .filter(|p| fs::remove_file(p).is_ok())
+        .count();
+    entries.clear();
+    count
+}
+
 impl TempEntry {
+    fn new(path: PathBuf) -> TempEntry {
+        unfinished().push(path.clone());
+        TempEntry { path, armed: true }
+    }
+
     /// On failure the entry comes back (still armed) with the error.
     fn rename_over(mut self, destination: &Path) -> Result<(), (TempEntry, io::Error)> {
         match fs::rename(&self.path, destination) {
@@ -1017,6 +1044,7 @@ impl TempEntry {
 
 impl Drop for TempEntry {
     fn drop(&mut self) {
+        unfinished().retain(|p| p != &self.path);
         if self.armed {
             if let Err(e) = fs::remove_file(&self.path) {
                 warn!("sync: couldn't remove '{}': {e}", self.path.display());
@@ -1050,15 +1078,7 @@ fn create_beside<T>(
         );
         let candidate = dir.join(name);
         match create(&candidate) {
-            Ok(made) => {
-                return Ok((
-                    TempEntry {
-                        path: candidate,
-                        armed: true,
-                    },
-                    made,
-                ))
-            }
+            Ok(made) => return Ok((TempEntry::new(candidate), made)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !made_parents => {
                 fs::DirBuilder::new()

@@ -1,6 +1,7 @@
 //! ADB wire formats. No I/O: everything here turns bytes into values and back,
 //! so it can be unit-tested and fuzzed on its own.
 pub mod banner;
+pub mod compression;
 pub mod packet;
 pub mod shell;
 pub mod sync;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use oxadb_wire::compression::{self, Encoder};
 use oxadb_wire::sync::{self as wire, Compression, HEADER_LEN, SYNC_DATA_MAX};
 use tokio::sync::mpsc;
 
@@ -20,10 +21,6 @@ const BATCH_CAPACITY: usize = FRAMES_PER_BATCH * FRAME_LEN;
 const BATCH_QUEUE_DEPTH: usize = 4;
 /// Bytes read at once from a file that is being compressed.
 const COMPRESS_INPUT: usize = 1024 * 1024;
-/// adb's level for brotli and zstd.
-const COMPRESSION_LEVEL: u32 = 1;
-/// Brotli's default window, which adb keeps.
-const BROTLI_WINDOW_BITS: u32 = 22;
 /// Pulled pieces written with one `writev` at most.
 const MAX_WRITE_PIECES: usize = 64;
 const MAX_WRITE_BYTES: usize = 4 * 1024 * 1024;
@@ -231,61 +228,11 @@ fn read_compressed(
         encoder.write_all(&input[..read]).map_err(classify)?;
     }
     let sink = encoder.finish().map_err(classify)?;
+    // Brotli's finish cannot report that the sink stopped; the sink knows.
+    if sink.batches.stopped {
+        return Err(ReadFailure::Stopped);
+    }
     sink.finish().map_err(classify)
-}
-
-enum Encoder {
-    Brotli(Box<brotli::CompressorWriter<FrameSink>>),
-    Lz4(lz4_flex::frame::FrameEncoder<FrameSink>),
-    Zstd(zstd::stream::write::Encoder<'static, FrameSink>),
-}
-
-impl Encoder {
-    fn new(compression: Compression, sink: FrameSink) -> io::Result<Encoder> {
-        Ok(match compression {
-            Compression::Brotli => Encoder::Brotli(Box::new(brotli::CompressorWriter::new(
-                sink,
-                SYNC_DATA_MAX,
-                COMPRESSION_LEVEL,
-                BROTLI_WINDOW_BITS,
-            ))),
-            Compression::Lz4 => {
-                // adb's LZ4F defaults: 64 KiB blocks.
-                let info = lz4_flex::frame::FrameInfo::new()
-                    .block_size(lz4_flex::frame::BlockSize::Max64KB);
-                Encoder::Lz4(lz4_flex::frame::FrameEncoder::with_frame_info(info, sink))
-            }
-            Compression::Zstd => Encoder::Zstd(zstd::stream::write::Encoder::new(
-                sink,
-                COMPRESSION_LEVEL as i32,
-            )?),
-            Compression::None => unreachable!("uncompressed data is not encoded"),
-        })
-    }
-
-    fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        match self {
-            Encoder::Brotli(encoder) => encoder.write_all(data),
-            Encoder::Lz4(encoder) => encoder.write_all(data),
-            Encoder::Zstd(encoder) => encoder.write_all(data),
-        }
-    }
-
-    /// Ends the compressed stream and returns the sink with its last frames.
-    fn finish(self) -> io::Result<FrameSink> {
-        match self {
-            Encoder::Brotli(encoder) => {
-                // `into_inner` finishes the stream but swallows sink errors.
-                let sink = encoder.into_inner();
-                if sink.batches.stopped {
-                    return Err(stopped());
-                }
-                Ok(sink)
-            }
-            Encoder::Lz4(encoder) => encoder.finish().map_err(io::Error::from),
-            Encoder::Zstd(encoder) => encoder.finish(),
-        }
-    }
 }
 
 /// Cuts a byte stream into full-size `DATA` frames, sent in batches.
@@ -473,15 +420,8 @@ fn write_decoded(
         received: 0,
     };
     let result = {
-        let decoder: Box<dyn Read + '_> = match compression {
-            Compression::Brotli => Box::new(brotli::Decompressor::new(&mut reader, DECODE_BUFFER)),
-            Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(&mut reader)),
-            Compression::Zstd => match zstd::stream::read::Decoder::with_buffer(&mut reader) {
-                Ok(decoder) => Box::new(decoder.single_frame()),
-                Err(e) => return Err(WriteFailure::Decode(e)),
-            },
-            Compression::None => unreachable!("plain data is not decoded"),
-        };
+        let decoder =
+            compression::decoder(compression, &mut reader).map_err(WriteFailure::Decode)?;
         copy_decoded(decoder, &mut out, written)
     };
     match result {

@@ -45,6 +45,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use oxadb_io::WriteChunk;
+use oxadb_wire::compression::{self, Encoder};
 use oxadb_wire::sync::{self as wire, Compression, StatV1, StatV2, SyncHeader, TransferFlags};
 use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -66,10 +67,6 @@ const FILE_IO_BUFFER: usize = 256 * 1024;
 const SYMLINK_TARGET_MAX: usize = 4096;
 /// Mode of directories created for a push (adbd uses 0775, subject to the umask).
 const PUSHED_DIR_MODE: u32 = 0o775;
-/// adbd's and the reference client's compression level for brotli and zstd.
-const COMPRESSION_LEVEL: u32 = 1;
-/// Brotli's default window (`lgwin`), which adbd's encoder keeps.
-const BROTLI_WINDOW_BITS: u32 = 22;
 const TEMP_PREFIX: &str = ".oxadb-push.";
 
 /// Why the sync service stopped abnormally. Failures of file operations are not
@@ -699,21 +696,11 @@ fn decode_push_stream(
     compression: Compression,
     output: &mut impl Write,
 ) -> Result<(), CopyError> {
-    match compression {
-        Compression::None => copy_buffered(input, output)?,
-        Compression::Brotli => copy_unbuffered(
-            brotli::Decompressor::new(&mut *input, FILE_IO_BUFFER),
-            output,
-        )?,
-        Compression::Lz4 => {
-            copy_unbuffered(lz4_flex::frame::FrameDecoder::new(&mut *input), output)?
-        }
-        Compression::Zstd => {
-            let decoder = zstd::stream::read::Decoder::with_buffer(&mut *input)
-                .map_err(CopyError::Input)?
-                .single_frame();
-            copy_unbuffered(decoder, output)?
-        }
+    if compression == Compression::None {
+        copy_buffered(input, output)?;
+    } else {
+        let decoder = compression::decoder(compression, &mut *input).map_err(CopyError::Input)?;
+        copy_unbuffered(decoder, output)?;
     }
     if compression != Compression::None && input.bytes_received == 0 {
         return Err(CopyError::Input(io::Error::new(
@@ -1150,37 +1137,13 @@ fn send_file(
         CopyError::Input(e) => report("couldn't read", e),
         CopyError::Output(e) => report("couldn't compress", e),
     };
-    // Encoders match adbd's: brotli quality 1, LZ4 frame with 64 KiB blocks, zstd level 1.
-    let framer = match compression {
-        Compression::Brotli => {
-            let mut encoder = brotli::CompressorWriter::new(
-                framer,
-                FILE_IO_BUFFER,
-                COMPRESSION_LEVEL,
-                BROTLI_WINDOW_BITS,
-            );
-            copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
-            encoder.into_inner()
-        }
-        Compression::Lz4 => {
-            let info =
-                lz4_flex::frame::FrameInfo::new().block_size(lz4_flex::frame::BlockSize::Max64KB);
-            let mut encoder = lz4_flex::frame::FrameEncoder::with_frame_info(info, framer);
-            copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
-            encoder
-                .finish()
-                .map_err(|e| report("couldn't compress", io::Error::other(e)))?
-        }
-        Compression::Zstd => {
-            let mut encoder = zstd::stream::write::Encoder::new(framer, COMPRESSION_LEVEL as i32)
-                .map_err(|e| report("couldn't compress", e))?;
-            copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
-            encoder
-                .finish()
-                .map_err(|e| report("couldn't compress", e))?
-        }
-        Compression::None => unreachable!("handled above"),
-    };
+    // The encoders are adbd's (see `oxadb_wire::compression`).
+    let mut encoder =
+        Encoder::new(compression, framer).map_err(|e| report("couldn't compress", e))?;
+    copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
+    let framer = encoder
+        .finish()
+        .map_err(|e| report("couldn't compress", e))?;
     framer.finish()
 }
 

@@ -34,6 +34,9 @@ enum Bench {
         size: u64,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Which transfers: raw, burst, classic (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "raw,burst,classic")]
+        only: Vec<String>,
     },
 }
 
@@ -83,9 +86,11 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> Result<()> {
+    // The same allocator settings as oxadbd and oxadb.
+    oxadb_io::tune_allocator();
     match Args::parse().command {
         Bench::AdbLoopback(args) => adb_loopback(args),
-        Bench::StreamLoopback { size, runs } => stream_loopback(size, runs),
+        Bench::StreamLoopback { size, runs, only } => stream_loopback(size, runs, &only),
     }
 }
 
@@ -517,13 +522,19 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     Ok(())
 }
 
-fn stream_loopback(size: u64, runs: usize) -> Result<()> {
+fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let names = ["raw TCP", "stream, burst", "stream, classic"];
     let mut rates: [Vec<f64>; 3] = Default::default();
     for run in 0..runs {
         for step in 0..3 {
             let which = (run + step) % 3;
+            if !only
+                .iter()
+                .any(|o| names[which].contains(o.as_str()) || (o == "raw" && which == 0))
+            {
+                continue;
+            }
             let elapsed = match which {
                 0 => raw_tcp(size)?,
                 1 => runtime.block_on(stream::one_stream(size, true))?,
@@ -542,8 +553,13 @@ fn stream_loopback(size: u64, runs: usize) -> Result<()> {
     println!();
     println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP |");
     println!("|---|---|---|---|");
-    let raw = median(&mut rates[0].clone());
-    for which in 0..3 {
+    let raw = if rates[0].is_empty() {
+        f64::NAN
+    } else {
+        median(&mut rates[0].clone())
+    };
+    let measured: Vec<usize> = (0..3).filter(|&w| !rates[w].is_empty()).collect();
+    for which in measured {
         let runs = rates[which]
             .iter()
             .map(|r| format!("{r:.0}"))

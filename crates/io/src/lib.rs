@@ -459,44 +459,55 @@ async fn read_loop<R: AsyncRead + Unpin>(shared: &Shared, mut reader: R) -> Conn
     // without copying; fresh capacity is reserved as they are given away.
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
-        while buf.len() < HEADER_LEN {
-            match fill(&mut reader, &mut buf, HEADER_LEN).await {
-                Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,
-                Ok(0) => return ConnectionError::TruncatedHeader(buf.len()),
-                Ok(_) => {}
-                Err(error) => return error.into(),
+        // Every complete packet already read is handled under one lock: the
+        // stream tasks and the writer contend for it, and a read often brings
+        // several packets (a WRTE and OKAYs, or many OKAYs).
+        let need = {
+            let mut state = shared.lock();
+            if state.closed.is_some() {
+                return ConnectionError::Closed;
             }
-        }
-        let raw: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header length");
-        let max_payload = shared.lock().engine.max_incoming_payload();
-        let header = match Header::decode(&raw, max_payload) {
-            Ok(header) => header,
-            Err(error) => return error.into(),
-        };
-        let expected = header.data_length as usize;
-        while buf.len() < HEADER_LEN + expected {
-            match fill(&mut reader, &mut buf, HEADER_LEN + expected).await {
-                Ok(0) => {
-                    return ConnectionError::TruncatedPayload {
-                        command: header.command,
-                        got: buf.len() - HEADER_LEN,
-                        expected,
-                    }
+            let mut handled = false;
+            let need = loop {
+                if buf.len() < HEADER_LEN {
+                    break HEADER_LEN;
                 }
-                Ok(_) => {}
-                Err(error) => return error.into(),
+                let raw: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header length");
+                let header = match Header::decode(&raw, state.engine.max_incoming_payload()) {
+                    Ok(header) => header,
+                    Err(error) => return error.into(),
+                };
+                let total = HEADER_LEN + header.data_length as usize;
+                if buf.len() < total {
+                    break total;
+                }
+                let _ = buf.split_to(HEADER_LEN);
+                let payload = buf.split_to(header.data_length as usize).freeze();
+                if let Err(error) = state.engine.handle_packet(&header, payload) {
+                    return error.into();
+                }
+                handled = true;
+            };
+            if handled {
+                shared.after_engine_call(&mut state);
             }
+            need
+        };
+        match fill(&mut reader, &mut buf, need).await {
+            Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,
+            Ok(0) if buf.len() < HEADER_LEN => return ConnectionError::TruncatedHeader(buf.len()),
+            Ok(0) => {
+                let raw: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header length");
+                let header = Header::decode(&raw, u32::MAX).expect("validated above");
+                return ConnectionError::TruncatedPayload {
+                    command: header.command,
+                    got: buf.len() - HEADER_LEN,
+                    expected: header.data_length as usize,
+                };
+            }
+            Ok(_) => {}
+            Err(error) => return error.into(),
         }
-        let _ = buf.split_to(HEADER_LEN);
-        let payload = buf.split_to(expected).freeze();
-        let mut state = shared.lock();
-        if state.closed.is_some() {
-            return ConnectionError::Closed;
-        }
-        if let Err(error) = state.engine.handle_packet(&header, payload) {
-            return error.into();
-        }
-        shared.after_engine_call(&mut state);
     }
 }
 

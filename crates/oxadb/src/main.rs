@@ -75,7 +75,13 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    // One async thread: a command drives one connection, file I/O runs on
+    // blocking threads, and on a 2-core machine shared with the daemon fewer
+    // threads handing packets to each other pulled 1 GiB about 10% faster.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("oxadb: error: starting the async runtime: {error}");

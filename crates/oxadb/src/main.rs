@@ -75,9 +75,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .init();
-    // One async thread: a command drives one connection, file I/O runs on
-    // blocking threads, and on a 2-core machine shared with the daemon fewer
-    // threads handing packets to each other pulled 1 GiB about 10% faster.
+    // One async thread: a command drives one connection and file I/O runs on
+    // blocking threads, so more workers only add hand-offs between threads
+    // (docs/benchmarks.md has the measurements).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

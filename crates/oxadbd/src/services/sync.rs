@@ -454,13 +454,13 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
 
     /// Streams the file as `DATA` frames (each header and payload in one buffer), then `DONE`.
     async fn recv(&mut self, path: PathBuf, compression: Compression) -> Result<Flow, SyncError> {
-        let (frames, mut queue) = mpsc::channel::<Vec<u8>>(PULL_QUEUE_DEPTH);
+        let (frames, mut queue) = mpsc::channel::<Bytes>(PULL_QUEUE_DEPTH);
         let worker_path = path.clone();
         let worker =
             tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
 
         while let Some(frame) = queue.recv().await {
-            if let Err(e) = self.stream.write_chunk(Bytes::from(frame)).await {
+            if let Err(e) = self.stream.write_chunk(frame).await {
                 drop(queue);
                 let _ = worker.await;
                 return Err(e.into());
@@ -1087,11 +1087,40 @@ fn create_beside<T>(
     Err(report(io::Error::from(io::ErrorKind::AlreadyExists)))
 }
 
+/// Pull buffers reused once the driver has sent them (the clone kept here is
+/// then the only reference): the file is read into memory that is neither
+/// freshly mapped nor zeroed again, one pass over memory less per pulled byte.
+#[derive(Default)]
+struct BufferPool {
+    sent: Vec<Bytes>,
+}
+
+impl BufferPool {
+    /// Buffers kept: the pull queue, the stream's send buffer and a few in flight.
+    const KEEP: usize = PULL_QUEUE_DEPTH + 4;
+
+    fn take(&mut self, len: usize) -> BytesMut {
+        while let Some(i) = self.sent.iter().position(Bytes::is_unique) {
+            if let Ok(mut buffer) = self.sent.swap_remove(i).try_into_mut() {
+                buffer.resize(len, 0);
+                return buffer;
+            }
+        }
+        BytesMut::zeroed(len)
+    }
+
+    fn keep(&mut self, sent: &Bytes) {
+        if self.sent.len() < Self::KEEP {
+            self.sent.push(sent.clone());
+        }
+    }
+}
+
 /// Reads the file (on a blocking thread) and queues ready-made `DATA` frames.
 fn send_file(
     path: &Path,
     compression: Compression,
-    frames: mpsc::Sender<Vec<u8>>,
+    frames: mpsc::Sender<Bytes>,
 ) -> Result<(), TransferFailure> {
     let report = |what: &str, e: io::Error| {
         TransferFailure::Report(format!("{what} '{}': {e}", path.display()))
@@ -1101,8 +1130,9 @@ fn send_file(
         // Whole DATA frames, several to a buffer, so each buffer is one WRTE
         // payload that the driver sends as it is (no copy, no small packets).
         const FRAME: usize = HEADER_LEN + SYNC_DATA_MAX;
+        let mut pool = BufferPool::default();
         loop {
-            let mut batch = vec![0u8; FRAMES_PER_BATCH * FRAME];
+            let mut batch = pool.take(FRAMES_PER_BATCH * FRAME);
             let mut filled = 0;
             let mut at_end = false;
             while filled + FRAME <= batch.len() {
@@ -1121,6 +1151,8 @@ fn send_file(
             }
             batch.truncate(filled);
             if !batch.is_empty() {
+                let batch = batch.freeze();
+                pool.keep(&batch);
                 frames
                     .blocking_send(batch)
                     .map_err(|_| TransferFailure::HostGone)?;
@@ -1163,13 +1195,13 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Cuts an encoder's output into `DATA` frames of at most `SYNC_DATA_MAX` bytes.
 struct DataFramer {
-    frames: mpsc::Sender<Vec<u8>>,
+    frames: mpsc::Sender<Bytes>,
     frame: Vec<u8>,
     host_gone: bool,
 }
 
 impl DataFramer {
-    fn new(frames: mpsc::Sender<Vec<u8>>) -> Self {
+    fn new(frames: mpsc::Sender<Bytes>) -> Self {
         Self {
             frames,
             frame: Self::empty_frame(),
@@ -1190,7 +1222,7 @@ impl DataFramer {
         }
         self.frame[..HEADER_LEN].copy_from_slice(&wire::encode_data_header(payload));
         let frame = std::mem::replace(&mut self.frame, Self::empty_frame());
-        self.frames.blocking_send(frame).map_err(|_| {
+        self.frames.blocking_send(Bytes::from(frame)).map_err(|_| {
             self.host_gone = true;
             io::Error::from(io::ErrorKind::BrokenPipe)
         })

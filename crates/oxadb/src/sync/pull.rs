@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::local::{self, PulledAttributes};
-use super::push::{add, warn_if_unsupported};
+use super::push::{warn_if_unsupported, Tally};
 use super::session::SyncSession;
 use super::{
     basename, describe_io, join_remote, show, transfer_error, Progress, PullOptions, RemoteStat,
     SyncFeatures, TransferSummary,
 };
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Directory levels followed below a pulled directory before giving up (symlink loops).
 const MAX_DEPTH: usize = 256;
@@ -110,15 +110,14 @@ pub async fn pull(
         }
     }
 
-    let mut total = TransferSummary::default();
-    let mut errors = Vec::new();
+    let mut tally = Tally::new();
     for source in sources {
         let remote = source.as_bytes();
         let source_started = Instant::now();
         let stat = match puller.session().await?.stat_follow(remote).await {
             Ok(Ok(stat)) => stat,
             Ok(Err(failure)) => {
-                errors.push(if failure == super::session::StatFailure::Unknown {
+                tally.fail(if failure == super::session::StatFailure::Unknown {
                     format!("remote object '{source}' does not exist")
                 } else {
                     format!(
@@ -128,10 +127,7 @@ pub async fn pull(
                 });
                 continue;
             }
-            Err(error) => {
-                errors.push(error.to_string());
-                return Err(Error::Transfer { messages: errors });
-            }
+            Err(error) => return Err(tally.abort(error)),
         };
         let result = if stat.is_dir() {
             let mut local_dir = destination.to_path_buf();
@@ -160,32 +156,9 @@ pub async fn pull(
                     ..TransferSummary::default()
                 })
         };
-        match result {
-            Ok(mut summary) => {
-                summary.elapsed = source_started.elapsed();
-                add(&mut total, &summary);
-                progress.source_finished(source, &summary);
-            }
-            Err(Error::Transfer { messages }) => errors.extend(messages),
-            Err(other) => {
-                errors.push(other.to_string());
-                return Err(Error::Transfer { messages: errors });
-            }
-        }
+        tally.record(source, source_started, result, progress)?;
     }
-    if let Some(session) = puller.session.take() {
-        if !session.is_ended() {
-            if let Err(error) = session.quit().await {
-                errors.push(error.to_string());
-            }
-        }
-    }
-    total.elapsed = started.elapsed();
-    if errors.is_empty() {
-        Ok(total)
-    } else {
-        Err(Error::Transfer { messages: errors })
-    }
+    tally.finish(puller.session.take(), started).await
 }
 
 /// adb pulls regular files and device nodes.

@@ -107,14 +107,13 @@ pub async fn push(
         }
     }
 
-    let mut total = TransferSummary::default();
-    let mut errors = Vec::new();
+    let mut tally = Tally::new();
     for source in sources {
         let name = source.display().to_string();
         let metadata = match tokio::fs::metadata(source).await {
             Ok(metadata) => metadata,
             Err(e) => {
-                errors.push(format!("cannot stat '{name}': {}", super::describe_io(&e)));
+                tally.fail(format!("cannot stat '{name}': {}", super::describe_io(&e)));
                 continue;
             }
         };
@@ -140,39 +139,86 @@ pub async fn push(
             };
             pusher.push_one(source, &remote, &metadata, progress).await
         };
-        match result {
-            Ok(mut summary) => {
-                summary.elapsed = source_started.elapsed();
-                add(&mut total, &summary);
-                progress.source_finished(&name, &summary);
-            }
-            Err(Error::Transfer { messages }) => errors.extend(messages),
-            // The connection is gone: the other sources can't go either.
-            Err(other) => {
-                errors.push(other.to_string());
-                return Err(Error::Transfer { messages: errors });
-            }
-        }
+        tally.record(&name, source_started, result, progress)?;
     }
-    if let Some(session) = pusher.session.take() {
-        if !session.is_ended() {
-            if let Err(error) = session.quit().await {
-                errors.push(error.to_string());
-            }
-        }
-    }
-    total.elapsed = started.elapsed();
-    if errors.is_empty() {
-        Ok(total)
-    } else {
-        Err(Error::Transfer { messages: errors })
-    }
+    tally.finish(pusher.session.take(), started).await
+}
+/// The outcome of a push or pull of several sources: the totals, and every
+/// failed source in adb's wording (one failed source does not stop the others,
+/// as in adb; a lost connection stops them all).
+pub(crate) struct Tally {
+    total: TransferSummary,
+    errors: Vec<String>,
 }
 
-pub(crate) fn add(total: &mut TransferSummary, part: &TransferSummary) {
-    total.files_transferred += part.files_transferred;
-    total.files_skipped += part.files_skipped;
-    total.bytes += part.bytes;
+impl Tally {
+    pub(crate) fn new() -> Tally {
+        Tally {
+            total: TransferSummary::default(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// A source that failed before its transfer started.
+    pub(crate) fn fail(&mut self, message: String) {
+        self.errors.push(message);
+    }
+
+    /// Ends the whole transfer with `error` after what failed so far.
+    pub(crate) fn abort(mut self, error: Error) -> Error {
+        self.errors.push(error.to_string());
+        Error::Transfer {
+            messages: self.errors,
+        }
+    }
+
+    /// Records one source's transfer; `Err` when the connection is gone.
+    pub(crate) fn record(
+        &mut self,
+        source: &str,
+        started: Instant,
+        result: Result<TransferSummary>,
+        progress: &mut dyn Progress,
+    ) -> Result<(), Error> {
+        match result {
+            Ok(mut summary) => {
+                summary.elapsed = started.elapsed();
+                self.total.files_transferred += summary.files_transferred;
+                self.total.files_skipped += summary.files_skipped;
+                self.total.bytes += summary.bytes;
+                progress.source_finished(source, &summary);
+                Ok(())
+            }
+            Err(Error::Transfer { messages }) => {
+                self.errors.extend(messages);
+                Ok(())
+            }
+            Err(other) => Err(std::mem::replace(self, Tally::new()).abort(other)),
+        }
+    }
+
+    /// Ends the sync session, if one is open, and gives the result.
+    pub(crate) async fn finish(
+        mut self,
+        session: Option<SyncSession>,
+        started: Instant,
+    ) -> Result<TransferSummary> {
+        if let Some(session) = session {
+            if !session.is_ended() {
+                if let Err(error) = session.quit().await {
+                    self.errors.push(error.to_string());
+                }
+            }
+        }
+        self.total.elapsed = started.elapsed();
+        if self.errors.is_empty() {
+            Ok(self.total)
+        } else {
+            Err(Error::Transfer {
+                messages: self.errors,
+            })
+        }
+    }
 }
 
 /// Tells the user when the requested algorithm can't be used with this device.

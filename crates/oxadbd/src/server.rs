@@ -14,13 +14,8 @@ use crate::services::{forward, shell, sync};
 /// Serves every connection accepted on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Result<()> {
     let config = Arc::new(config);
-    let engine_config = {
-        let mut engine_config = Config::new(Role::Device, config.banner());
-        if !config.delayed_ack {
-            engine_config.banner.features.retain(|f| f != "delayed_ack");
-        }
-        engine_config
-    };
+    // The banner already leaves `delayed_ack` out when it is switched off.
+    let engine_config = Config::new(Role::Device, config.banner());
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

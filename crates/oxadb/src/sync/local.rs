@@ -237,6 +237,12 @@ impl PullTarget {
         }
     }
 
+    /// Whether the data goes into a regular file (a temporary one or, rarely,
+    /// the destination itself), whose writes never wait on another process.
+    pub(crate) fn is_regular_file(&self) -> bool {
+        !matches!(self, PullTarget::InPlace { .. })
+    }
+
     pub(crate) fn file(&self) -> &File {
         match self {
             PullTarget::Replace { file, .. }

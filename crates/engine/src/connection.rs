@@ -11,7 +11,7 @@ use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
 use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYLOAD};
 use thiserror::Error;
 
-use crate::credit::{RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
+use crate::credit::{CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
 use crate::send_queue::SendQueue;
 
 /// Which end of the connection we are. A value, never a compile-time switch.
@@ -41,7 +41,9 @@ pub struct Config {
     pub banner: Banner,
     pub version: u32,
     pub max_payload: u32,
-    /// Credit granted per stream in delayed-ack mode (OPEN.arg1 and first OKAY).
+    /// How this side grants credit to its peer in delayed-ack mode.
+    pub credit_policy: CreditPolicy,
+    /// Credit granted per stream by the `Aosp` policy (OPEN.arg1 and first OKAY).
     pub initial_credit: u32,
     /// Received bytes a stream may hold before its consumer reads them and
     /// still count as flushed (plays the role of AOSP's local socket buffer).
@@ -57,6 +59,9 @@ impl Config {
             banner,
             version: VERSION_SKIP_CHECKSUM,
             max_payload: MAX_PAYLOAD,
+            credit_policy: CreditPolicy::Adaptive {
+                max_window: AOSP_INITIAL_CREDIT,
+            },
             initial_credit: AOSP_INITIAL_CREDIT,
             local_buffer: 2 * MAX_PAYLOAD as usize,
             send_buffer: MAX_PAYLOAD as usize,
@@ -167,6 +172,12 @@ pub struct StreamStats {
     pub packets_received: u64,
     pub okays_sent: u64,
     pub okays_received: u64,
+    /// Adaptive policy: the receive window now, bytes.
+    pub window: Option<u64>,
+    /// Adaptive policy: the smallest round trip measured, nanoseconds.
+    pub min_rtt_ns: Option<u64>,
+    /// Adaptive policy: the last measured consumption rate, bytes per second.
+    pub consume_rate: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +221,9 @@ pub struct Connection {
     /// Streams we closed while our OPEN was unanswered.
     abandoned_opens: HashSet<u32>,
     auth_challenges: u32,
+    /// The driver's clock (ns since an arbitrary start), for round trips and
+    /// rates; set with [`Connection::set_time`]. A simulator passes virtual time.
+    now_ns: u64,
 }
 
 impl Connection {
@@ -225,6 +239,7 @@ impl Connection {
             okay_scratch: Vec::new(),
             abandoned_opens: HashSet::new(),
             auth_challenges: 0,
+            now_ns: 0,
         };
         if connection.config.role == Role::Host {
             // The host speaks first on every transport.
@@ -237,6 +252,12 @@ impl Connection {
             ));
         }
         connection
+    }
+
+    /// Tells the engine the time (monotonic, since any fixed start). Drivers
+    /// call it before feeding packets or moving stream data.
+    pub fn set_time(&mut self, now: std::time::Duration) {
+        self.now_ns = self.now_ns.max(now.as_nanos() as u64);
     }
 
     pub fn role(&self) -> Role {
@@ -291,7 +312,12 @@ impl Connection {
     }
 
     pub fn stream_stats(&self, id: StreamId) -> Option<StreamStats> {
-        self.streams.get(&id.0).map(|s| s.stats)
+        self.streams.get(&id.0).map(|s| StreamStats {
+            window: s.recv.window(),
+            min_rtt_ns: s.recv.min_rtt_ns(),
+            consume_rate: s.recv.rate(),
+            ..s.stats
+        })
     }
 
     /// Ids of the streams that currently exist.
@@ -311,12 +337,35 @@ impl Connection {
         id != 0 && id < self.next_id
     }
 
+    fn new_recv_credit(&self) -> RecvCredit {
+        let local_buffer = self.config.local_buffer;
+        if !self.delayed_ack() {
+            return RecvCredit::classic(local_buffer);
+        }
+        match self.config.credit_policy {
+            CreditPolicy::Aosp => RecvCredit::aosp(local_buffer),
+            CreditPolicy::Adaptive { max_window } => {
+                // Two packets: one being consumed while the next arrives.
+                let initial = 2 * u64::from(self.max_incoming_payload());
+                RecvCredit::adaptive(initial, u64::from(max_window), self.now_ns)
+            }
+        }
+    }
+
+    /// The credit announced when a stream opens (delayed-ack mode).
+    fn opening_grant(&self, recv: &RecvCredit) -> u32 {
+        recv.initial_grant()
+            .map_or(self.config.initial_credit, |grant| {
+                grant.min(i32::MAX as u64) as u32
+            })
+    }
+
     fn new_stream(&self, remote_id: u32, state: StreamState, send: SendCredit) -> Stream {
         Stream {
             remote_id,
             state,
             send,
-            recv: RecvCredit::new(self.delayed_ack(), self.config.local_buffer),
+            recv: self.new_recv_credit(),
             outgoing: SendQueue::default(),
             incoming: VecDeque::new(),
             peer_closed: false,
@@ -532,6 +581,7 @@ impl Connection {
             StreamState::Opening => {
                 stream.remote_id = remote_id;
                 stream.state = StreamState::Open;
+                stream.recv.end_rtt_probe(self.now_ns);
                 stream.send.on_okay(acked);
                 self.events.push_back(Event::Opened(StreamId(local_id)));
             }
@@ -580,7 +630,7 @@ impl Connection {
         let len = payload.len();
         stream.stats.bytes_received += len as u64;
         stream.stats.packets_received += 1;
-        stream.recv.on_received(len);
+        stream.recv.on_received(len, self.now_ns);
         if len > 0 {
             stream.incoming.push_back(payload);
         }
@@ -632,7 +682,7 @@ impl Connection {
             return;
         }
         self.okay_scratch.clear();
-        stream.recv.take_okays(&mut self.okay_scratch);
+        stream.recv.take_okays(&mut self.okay_scratch, self.now_ns);
         for acked in self.okay_scratch.drain(..) {
             stream.stats.okays_sent += 1;
             let payload = acked.map_or(Bytes::new(), |n| Bytes::copy_from_slice(&n.to_le_bytes()));
@@ -655,15 +705,19 @@ impl Connection {
         let id = self.allocate_id();
         // The credit the peer may use on this stream travels in OPEN.arg1 only
         // with delayed_ack; the peer's grant for us arrives in its OKAY.
-        let (arg1, send) = if delayed {
-            (
-                self.config.initial_credit,
-                SendCredit::Delayed { available: 0 },
-            )
+        let send = if delayed {
+            SendCredit::Delayed { available: 0 }
         } else {
-            (0, SendCredit::Classic { in_flight: false })
+            SendCredit::Classic { in_flight: false }
         };
-        let stream = self.new_stream(0, StreamState::Opening, send);
+        let mut stream = self.new_stream(0, StreamState::Opening, send);
+        let arg1 = if delayed {
+            self.opening_grant(&stream.recv)
+        } else {
+            0
+        };
+        // OPEN to OKAY is the stream's first round trip.
+        stream.recv.start_rtt_probe(self.now_ns);
         self.streams.insert(id, stream);
         let mut name = service.as_bytes().to_vec();
         name.push(0);
@@ -675,14 +729,20 @@ impl Connection {
     /// Accepts a stream the peer opened.
     pub fn accept(&mut self, id: StreamId) -> Result<(), StreamError> {
         let delayed = self.delayed_ack();
-        let initial_credit = self.config.initial_credit;
+        let now_ns = self.now_ns;
+        let initial_credit = match self.streams.get(&id.0) {
+            Some(stream) if stream.state == StreamState::AwaitingAccept => {
+                self.opening_grant(&stream.recv)
+            }
+            _ => return Err(StreamError::Unknown(id)),
+        };
         let stream = self
             .streams
             .get_mut(&id.0)
             .ok_or(StreamError::Unknown(id))?;
-        if stream.state != StreamState::AwaitingAccept {
-            return Err(StreamError::Unknown(id));
-        }
+        // Our OKAY to the opener's first WRTE: the stream's first round trip
+        // (an upper bound when the opener has nothing to send yet).
+        stream.recv.start_rtt_probe(now_ns);
         stream.state = StreamState::Open;
         if !stream.outgoing.is_empty() {
             self.sendable.push_back(id.0);
@@ -780,7 +840,7 @@ impl Connection {
         } else {
             front.split_to(max)
         };
-        stream.recv.on_consumed(chunk.len());
+        stream.recv.on_consumed(chunk.len(), self.now_ns);
         self.queue_okays(id.0);
         Ok(Read::Data(chunk))
     }
@@ -903,6 +963,9 @@ fn log_stream_closed(local_id: u32, stream: &Stream) {
         packets_received = stats.packets_received,
         okays_sent = stats.okays_sent,
         okays_received = stats.okays_received,
+        window = stream.recv.window(),
+        min_rtt_us = stream.recv.min_rtt_ns().map(|ns| ns / 1000),
+        consume_rate = stream.recv.rate(),
         "stream closed"
     );
 }

@@ -48,67 +48,261 @@ impl SendCredit {
     }
 }
 
-/// Receiver-side accounting of one stream. Bytes count as "flushed" once they
-/// fit in the local buffer or the consumer has taken them: AOSP acknowledges
-/// after writing to its local socket, whose kernel buffer plays that role.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecvCredit {
-    delayed: bool,
-    local_buffer: usize,
-    received: u64,
-    buffered: usize,
-    acked: u64,
-    /// Classic only: WRTEs whose OKAY has not been sent yet.
-    owed_okays: u32,
+/// How a receiver grants credit in delayed-ack mode (the wire only sees OKAY
+/// amounts, so any policy works with any peer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreditPolicy {
+    /// AOSP burst mode: a fixed grant at open (`Config::initial_credit`),
+    /// returned as soon as bytes are flushed.
+    Aosp,
+    /// A window that starts at two packets and grows to twice the measured
+    /// consumption rate times the round trip, never above `max_window`;
+    /// OKAYs are coalesced unless they unblock the sender or at least double
+    /// its usable credit (`docs/flow-control.md`).
+    Adaptive { max_window: u32 },
 }
 
+/// Receiver-side accounting of one stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecvCredit {
+    mode: RecvMode,
+    received: u64,
+    consumed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum RecvMode {
+    /// One OKAY per WRTE, sent once the stream's backlog fits `local_buffer`.
+    Classic {
+        local_buffer: usize,
+        owed_okays: u32,
+    },
+    /// Bytes count as "flushed" once they fit in the local buffer or the
+    /// consumer has taken them: AOSP acknowledges after writing to its local
+    /// socket, whose kernel buffer plays that role.
+    Aosp {
+        local_buffer: usize,
+        acked: u64,
+    },
+    Adaptive(AdaptiveWindow),
+}
+
+/// The adaptive receive window of one stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveWindow {
+    /// Bytes the sender may have outstanding beyond what was consumed.
+    window: u64,
+    max_window: u64,
+    /// Total bytes the sender may send: the initial grant plus every OKAY.
+    granted: u64,
+    /// Smallest round trip seen (ns): the open handshake, then each OKAY that
+    /// unblocked an exhausted sender until the WRTE it released.
+    min_rtt_ns: Option<u64>,
+    /// When an OKAY released an exhausted sender (ns); the next WRTE ends the probe.
+    probe_started_ns: Option<u64>,
+    /// Start of the current consumption-rate interval: (time ns, consumed).
+    rate_mark: (u64, u64),
+    /// Last measured consumption rate, bytes per second.
+    rate: u64,
+}
+
+/// Shortest interval over which the consumption rate is measured: shorter
+/// ones see single packets arrive, not a rate.
+const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
+
 impl RecvCredit {
-    pub fn new(delayed: bool, local_buffer: usize) -> RecvCredit {
-        RecvCredit {
-            delayed,
+    /// Classic mode (no delayed_ack): stop-and-wait OKAYs.
+    pub fn classic(local_buffer: usize) -> RecvCredit {
+        RecvCredit::with_mode(RecvMode::Classic {
             local_buffer,
-            received: 0,
-            buffered: 0,
-            acked: 0,
             owed_okays: 0,
+        })
+    }
+
+    /// AOSP burst mode; the initial grant is the caller's fixed credit.
+    pub fn aosp(local_buffer: usize) -> RecvCredit {
+        RecvCredit::with_mode(RecvMode::Aosp {
+            local_buffer,
+            acked: 0,
+        })
+    }
+
+    /// Adaptive window starting at `initial` (clamped to `max_window`), at time `now_ns`.
+    pub fn adaptive(initial: u64, max_window: u64, now_ns: u64) -> RecvCredit {
+        let window = initial.min(max_window).max(1);
+        RecvCredit::with_mode(RecvMode::Adaptive(AdaptiveWindow {
+            window,
+            max_window: max_window.max(window),
+            granted: window,
+            min_rtt_ns: None,
+            probe_started_ns: None,
+            rate_mark: (now_ns, 0),
+            rate: 0,
+        }))
+    }
+
+    fn with_mode(mode: RecvMode) -> RecvCredit {
+        RecvCredit {
+            mode,
+            received: 0,
+            consumed: 0,
+        }
+    }
+
+    /// The grant announced at open (OPEN.arg1 or the accepting OKAY), for the
+    /// adaptive window; the other modes use the configured fixed credit.
+    pub fn initial_grant(&self) -> Option<u64> {
+        match &self.mode {
+            RecvMode::Adaptive(adaptive) => Some(adaptive.granted),
+            _ => None,
         }
     }
 
     pub fn buffered(&self) -> usize {
-        self.buffered
+        (self.received - self.consumed) as usize
     }
 
-    pub fn on_received(&mut self, bytes: usize) {
-        self.received += bytes as u64;
-        self.buffered += bytes;
-        if !self.delayed {
-            self.owed_okays += 1;
+    /// Current window (adaptive) for statistics.
+    pub fn window(&self) -> Option<u64> {
+        match &self.mode {
+            RecvMode::Adaptive(adaptive) => Some(adaptive.window),
+            _ => None,
         }
     }
 
-    pub fn on_consumed(&mut self, bytes: usize) {
-        self.buffered -= bytes;
+    /// Smallest round trip measured so far (adaptive), in nanoseconds.
+    pub fn min_rtt_ns(&self) -> Option<u64> {
+        match &self.mode {
+            RecvMode::Adaptive(adaptive) => adaptive.min_rtt_ns,
+            _ => None,
+        }
+    }
+
+    /// Last measured consumption rate (adaptive), bytes per second.
+    pub fn rate(&self) -> Option<u64> {
+        match &self.mode {
+            RecvMode::Adaptive(adaptive) => Some(adaptive.rate),
+            _ => None,
+        }
+    }
+
+    /// Starts a round-trip probe, ended by the peer's next OKAY to our OPEN
+    /// or its next WRTE.
+    pub fn start_rtt_probe(&mut self, now_ns: u64) {
+        if let RecvMode::Adaptive(adaptive) = &mut self.mode {
+            adaptive.probe_started_ns = Some(now_ns);
+        }
+    }
+
+    /// Ends a round-trip probe, if one is running.
+    pub fn end_rtt_probe(&mut self, now_ns: u64) {
+        if let RecvMode::Adaptive(adaptive) = &mut self.mode {
+            if let Some(started) = adaptive.probe_started_ns.take() {
+                adaptive.rtt_sample(now_ns.saturating_sub(started));
+            }
+        }
+    }
+
+    pub fn on_received(&mut self, bytes: usize, now_ns: u64) {
+        self.received += bytes as u64;
+        if let RecvMode::Classic { owed_okays, .. } = &mut self.mode {
+            *owed_okays += 1;
+        }
+        self.end_rtt_probe(now_ns);
+    }
+
+    pub fn on_consumed(&mut self, bytes: usize, now_ns: u64) {
+        self.consumed += bytes as u64;
+        if let RecvMode::Adaptive(adaptive) = &mut self.mode {
+            adaptive.measure_rate(self.consumed, now_ns);
+        }
     }
 
     /// The OKAYs to send now: `None` entries are classic empty OKAYs, `Some(n)`
     /// delayed-ack OKAYs carrying `n` acknowledged bytes.
-    pub fn take_okays(&mut self, out: &mut Vec<Option<i32>>) {
-        if self.delayed {
-            // Return what is flushed and not yet returned (AOSP returns credit
-            // per flush); bytes beyond the local buffer wait for the consumer.
-            let overflow = self.buffered.saturating_sub(self.local_buffer) as u64;
-            let flushed = self.received - overflow;
-            let mut owed = flushed.saturating_sub(self.acked);
-            self.acked = self.acked.max(flushed);
-            while owed > 0 {
-                let chunk = owed.min(i32::MAX as u64);
-                out.push(Some(chunk as i32));
-                owed -= chunk;
+    pub fn take_okays(&mut self, out: &mut Vec<Option<i32>>, now_ns: u64) {
+        let buffered = self.buffered();
+        match &mut self.mode {
+            RecvMode::Classic {
+                local_buffer,
+                owed_okays,
+            } => {
+                if buffered <= *local_buffer {
+                    out.extend(std::iter::repeat_n(None, *owed_okays as usize));
+                    *owed_okays = 0;
+                }
             }
-        } else if self.buffered <= self.local_buffer {
-            out.extend(std::iter::repeat_n(None, self.owed_okays as usize));
-            self.owed_okays = 0;
+            RecvMode::Aosp {
+                local_buffer,
+                acked,
+            } => {
+                // Return what is flushed and not yet returned (AOSP returns
+                // credit per flush); bytes beyond the local buffer wait for
+                // the consumer.
+                let overflow = buffered.saturating_sub(*local_buffer) as u64;
+                let flushed = self.received - overflow;
+                let owed = flushed.saturating_sub(*acked);
+                *acked = (*acked).max(flushed);
+                push_okays(out, owed);
+            }
+            RecvMode::Adaptive(adaptive) => {
+                let desired = self.consumed + adaptive.window;
+                if desired <= adaptive.granted {
+                    return;
+                }
+                let increase = desired - adaptive.granted;
+                // What the sender can still send; negative after its one
+                // allowed overshoot.
+                let usable = adaptive.granted as i64 - self.received as i64;
+                // Seed 002 (smoltcp): coalesce, except an update that
+                // unblocks the sender or at least doubles its usable credit.
+                if usable > 0 && (increase as i64) < usable {
+                    return;
+                }
+                if usable <= 0 && adaptive.probe_started_ns.is_none() {
+                    // The sender is waiting for exactly this OKAY: its next
+                    // WRTE times one round trip.
+                    adaptive.probe_started_ns = Some(now_ns);
+                }
+                adaptive.granted += increase;
+                push_okays(out, increase);
+            }
         }
+    }
+}
+
+/// OKAY amounts are i32 on the wire.
+fn push_okays(out: &mut Vec<Option<i32>>, mut owed: u64) {
+    while owed > 0 {
+        let chunk = owed.min(i32::MAX as u64);
+        out.push(Some(chunk as i32));
+        owed -= chunk;
+    }
+}
+
+impl AdaptiveWindow {
+    fn rtt_sample(&mut self, rtt_ns: u64) {
+        let rtt_ns = rtt_ns.max(1);
+        self.min_rtt_ns = Some(self.min_rtt_ns.map_or(rtt_ns, |min| min.min(rtt_ns)));
+    }
+
+    /// Linux-style receive-buffer autotuning: once per interval of at least a
+    /// round trip, the window grows to twice the bytes consumed per round
+    /// trip (rate x RTT is what must be in flight; twice leaves room for the
+    /// rate to double before the next measurement). It never shrinks here.
+    fn measure_rate(&mut self, consumed: u64, now_ns: u64) {
+        let Some(rtt) = self.min_rtt_ns else {
+            return;
+        };
+        let (mark_ns, mark_consumed) = self.rate_mark;
+        let elapsed = now_ns.saturating_sub(mark_ns);
+        if elapsed < rtt.max(MIN_RATE_INTERVAL_NS) {
+            return;
+        }
+        self.rate = ((consumed - mark_consumed) as u128 * 1_000_000_000 / elapsed as u128) as u64;
+        self.rate_mark = (now_ns, consumed);
+        let target = (2 * self.rate as u128 * rtt as u128 / 1_000_000_000) as u64;
+        self.window = self.window.max(target.min(self.max_window));
     }
 }
 
@@ -146,45 +340,123 @@ mod tests {
 
     #[test]
     fn classic_receiver_acks_each_packet_once_buffered_fits() {
-        let mut credit = RecvCredit::new(false, 100);
+        let mut credit = RecvCredit::classic(100);
         let mut out = Vec::new();
-        credit.on_received(60);
-        credit.take_okays(&mut out);
+        credit.on_received(60, 0);
+        credit.take_okays(&mut out, 0);
         assert_eq!(out, vec![None]);
         out.clear();
-        credit.on_received(60);
-        credit.take_okays(&mut out);
+        credit.on_received(60, 0);
+        credit.take_okays(&mut out, 0);
         assert!(
             out.is_empty(),
             "120 bytes buffered exceed the 100-byte local buffer"
         );
-        credit.on_consumed(60);
-        credit.take_okays(&mut out);
+        credit.on_consumed(60, 0);
+        credit.take_okays(&mut out, 0);
         assert_eq!(out, vec![None]);
     }
 
     #[test]
     fn delayed_receiver_returns_flushed_bytes() {
-        let mut credit = RecvCredit::new(true, 100);
+        let mut credit = RecvCredit::aosp(100);
         let mut out = Vec::new();
-        credit.on_received(80);
-        credit.take_okays(&mut out);
+        credit.on_received(80, 0);
+        credit.take_okays(&mut out, 0);
         assert_eq!(out, vec![Some(80)]);
         out.clear();
-        credit.on_received(50);
-        credit.on_received(50);
-        credit.take_okays(&mut out);
+        credit.on_received(50, 0);
+        credit.on_received(50, 0);
+        credit.take_okays(&mut out, 0);
         assert_eq!(
             out,
             vec![Some(20)],
             "only what fits the 100-byte buffer is flushed"
         );
         out.clear();
-        credit.on_consumed(100);
-        credit.take_okays(&mut out);
+        credit.on_consumed(100, 0);
+        credit.take_okays(&mut out, 0);
         assert_eq!(out, vec![Some(80)]);
         out.clear();
-        credit.take_okays(&mut out);
+        credit.take_okays(&mut out, 0);
         assert!(out.is_empty(), "nothing new to return");
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn adaptive_coalesces_until_the_update_doubles_usable_credit() {
+        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        assert_eq!(credit.initial_grant(), Some(1000));
+        let mut out = Vec::new();
+        credit.on_received(300, 0);
+        credit.on_consumed(300, 0);
+        credit.take_okays(&mut out, 0);
+        assert!(out.is_empty(), "300 more would not double 700 usable");
+        credit.on_received(300, 0);
+        credit.on_consumed(300, 0);
+        credit.take_okays(&mut out, 0);
+        assert_eq!(out, vec![Some(600)], "600 more doubles the 400 usable");
+    }
+
+    #[test]
+    fn adaptive_unblocks_an_exhausted_sender_at_once() {
+        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut out = Vec::new();
+        // The sender used its whole grant (and overshot by one packet).
+        credit.on_received(1100, 0);
+        credit.take_okays(&mut out, 0);
+        assert!(out.is_empty(), "nothing consumed: nothing to grant");
+        credit.on_consumed(150, 0);
+        credit.take_okays(&mut out, 0);
+        assert_eq!(out, vec![Some(150)], "any credit unblocks the sender");
+    }
+
+    #[test]
+    fn adaptive_stalled_consumer_bounds_what_arrives() {
+        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut out = Vec::new();
+        credit.on_received(1000, 0);
+        for t in 1..100 {
+            credit.take_okays(&mut out, t * MS);
+        }
+        assert!(out.is_empty(), "no credit while nothing is consumed");
+        assert_eq!(credit.buffered(), 1000);
+    }
+
+    #[test]
+    fn adaptive_window_grows_to_twice_rate_times_rtt_and_stops_at_the_cap() {
+        let mut credit = RecvCredit::adaptive(1 << 20, 64 << 20, 0);
+        let mut out = Vec::new();
+        // Open handshake: 10 ms round trip.
+        credit.start_rtt_probe(0);
+        credit.end_rtt_probe(10 * MS);
+        assert_eq!(credit.min_rtt_ns(), Some(10 * MS));
+        // 100 MB/s consumed over 20 ms: 2 x 100 MB/s x 10 ms = 2 MB.
+        credit.on_received(2_000_000, 20 * MS);
+        credit.on_consumed(2_000_000, 30 * MS);
+        credit.take_okays(&mut out, 30 * MS);
+        assert_eq!(credit.rate(), Some(2_000_000 * 1000 / 30));
+        let window = credit.window().unwrap();
+        assert!(
+            (1_300_000..1_400_000).contains(&window),
+            "2 x 66.7 MB/s x 10 ms, got {window}"
+        );
+        // A much faster consumer later: capped at max_window.
+        credit.on_received(1 << 30, 40 * MS);
+        credit.on_consumed(1 << 30, 50 * MS);
+        assert_eq!(credit.window(), Some(64 << 20));
+    }
+
+    #[test]
+    fn adaptive_rtt_probe_times_the_okay_that_unblocked_the_sender() {
+        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut out = Vec::new();
+        credit.on_received(1000, MS);
+        credit.on_consumed(1000, 2 * MS);
+        credit.take_okays(&mut out, 2 * MS);
+        assert_eq!(out, vec![Some(1000)]);
+        credit.on_received(500, 7 * MS);
+        assert_eq!(credit.min_rtt_ns(), Some(5 * MS));
     }
 }

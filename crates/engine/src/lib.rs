@@ -1,8 +1,8 @@
 //! Sans-I/O ADB connection engine, shared by the host and daemon roles.
 //!
 //! No sockets, no threads, no clocks: drivers (see the `oxadb-io` crate) feed
-//! packets in and take packets out, which keeps the protocol logic testable
-//! and deterministic.
+//! packets in, take packets out and tell the engine the time, which keeps the
+//! protocol logic testable and deterministic.
 pub mod connection;
 pub mod credit;
 pub mod send_queue;
@@ -11,7 +11,7 @@ pub use connection::{
     AuthReply, Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId,
     StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN,
 };
-pub use credit::AOSP_INITIAL_CREDIT;
+pub use credit::{CreditPolicy, AOSP_INITIAL_CREDIT};
 
 #[cfg(test)]
 mod tests;

@@ -161,13 +161,20 @@ struct Shared {
     /// Wakes the reader task when the connection is closed locally.
     close_requested: Notify,
     label: String,
+    /// The engine's clock starts here.
+    epoch: std::time::Instant,
 }
 
 impl Shared {
+    /// Locks the engine and tells it the time, for its round-trip and rate
+    /// measurements.
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
+        let mut state = self
+            .state
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.engine.set_time(self.epoch.elapsed());
+        state
     }
 
     fn after_engine_call(&self, state: &mut State) {
@@ -283,6 +290,7 @@ impl Connection {
             transmit: Notify::new(),
             close_requested: Notify::new(),
             label: label.into(),
+            epoch: std::time::Instant::now(),
         });
         if shared.lock().engine.has_transmit() {
             shared.transmit.notify_one();

@@ -1,6 +1,9 @@
-"""oxadbd command-line options: --shell and --no-delayed-ack."""
+"""oxadbd command-line options: --shell, --no-delayed-ack and --credit."""
 
-from adbproto import RawClient
+import struct
+import subprocess
+
+from adbproto import A_OKAY, A_OPEN, RawClient
 
 
 def test_shell_option_selects_the_shell(adb_server, fresh_daemon):
@@ -31,3 +34,42 @@ def test_no_delayed_ack_option_hides_the_feature(fresh_daemon):
         assert c.run_service("exec:echo ok") == b"ok\n"
     finally:
         c.close()
+
+
+def _initial_grant(port: int, opener_credit: int) -> int:
+    """Opens a stream in burst mode and returns the credit the daemon grants."""
+    c = RawClient(port)
+    try:
+        c.connect(banner=b"host::features=shell_v2,delayed_ack\0")
+        assert "delayed_ack" in c.features(), c.features()
+        c.send(A_OPEN, 1, opener_credit, b"exec:cat\0")
+        p = c.recv()
+        assert p.command == A_OKAY and p.arg1 == 1, p
+        assert len(p.data) == 4, f"burst-mode OKAY must carry an i32 grant: {p!r}"
+        return struct.unpack("<i", p.data)[0]
+    finally:
+        c.close()
+
+
+def test_credit_option_selects_the_grant(fresh_daemon):
+    aosp = fresh_daemon("aosp", args=("--credit", "aosp"))
+    adaptive = fresh_daemon("adaptive")
+    # AOSP grants a fixed 32 MiB; the adaptive window starts at two packets
+    # (the 1 MiB maximum payload negotiated above).
+    assert _initial_grant(aosp.port, 1 << 20) == 32 << 20
+    assert _initial_grant(adaptive.port, 1 << 20) == 2 << 20
+    classic = fresh_daemon("classic", args=("--credit", "classic"))
+    c = RawClient(classic.port)
+    try:
+        c.connect(banner=b"host::features=shell_v2,delayed_ack\0")
+        assert "delayed_ack" not in c.features(), c.features()
+    finally:
+        c.close()
+
+
+def test_bad_credit_value_is_refused_with_the_choices(oxadbd_bin):
+    r = subprocess.run([str(oxadbd_bin), "--credit", "fast", "--listen", "127.0.0.1:0"],
+                       capture_output=True, timeout=30)
+    assert r.returncode != 0
+    assert b"unknown credit mode 'fast'" in r.stderr, r.stderr
+    assert b"classic, aosp or adaptive" in r.stderr, r.stderr

@@ -60,7 +60,9 @@ struct AdbLoopback {
     /// The oxadb client.
     #[arg(long, default_value = "target/release/oxadb")]
     oxadb: PathBuf,
-    /// Clients to measure, comma-separated: adb, oxadb (burst), oxadb-classic.
+    /// Clients to measure, comma-separated: adb, oxadb (burst mode with the
+    /// adaptive window), oxadb-aosp (burst mode with AOSP's fixed 32 MiB
+    /// credit), oxadb-classic.
     #[arg(long, value_delimiter = ',', default_value = "adb,oxadb,oxadb-classic")]
     clients: Vec<String>,
     /// A tmpfs directory for the data (the pull destination must be tmpfs).
@@ -381,8 +383,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let mut names = vec!["raw TCP".to_string()];
     for client in &args.clients {
         ensure!(
-            ["adb", "oxadb", "oxadb-classic"].contains(&client.as_str()),
-            "unknown client {client:?}: expected adb, oxadb or oxadb-classic"
+            ["adb", "oxadb", "oxadb-aosp", "oxadb-classic"].contains(&client.as_str()),
+            "unknown client {client:?}: expected adb, oxadb, oxadb-aosp or oxadb-classic"
         );
         names.push(format!("{client} push"));
         names.push(format!("{client} pull"));
@@ -413,6 +415,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         .env("HOME", &oxadb_home)
                         .arg("-s")
                         .arg(&session.serial);
+                    if client == "oxadb-aosp" {
+                        command.args(["--credit", "aosp"]);
+                    }
                     if client == "oxadb-classic" {
                         command.arg("--no-burst");
                     }

@@ -22,6 +22,8 @@ fn config(role: Role, burst: bool) -> Config {
         .ok()
         .and_then(|v| v.parse().ok())
     {
+        // A fixed grant: the AOSP policy with this credit instead of 32 MiB.
+        config.credit_policy = oxadb_engine::CreditPolicy::Aosp;
         config.initial_credit = credit;
     }
     config

@@ -62,6 +62,61 @@ pub enum CreditPolicy {
     Adaptive { max_window: u32 },
 }
 
+/// The flow control one side offers, as chosen by `--credit` and the `credit`
+/// config key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CreditMode {
+    /// No `delayed_ack`: one WRTE in flight per stream.
+    Classic,
+    /// `delayed_ack` with AOSP's fixed 32 MiB credit per stream.
+    Aosp,
+    /// `delayed_ack` with the adaptive window.
+    #[default]
+    Adaptive,
+}
+
+impl CreditMode {
+    /// Whether to advertise `delayed_ack`.
+    pub fn delayed_ack(self) -> bool {
+        self != CreditMode::Classic
+    }
+
+    /// The receiver policy used once `delayed_ack` is negotiated.
+    pub fn policy(self) -> CreditPolicy {
+        match self {
+            CreditMode::Aosp => CreditPolicy::Aosp,
+            CreditMode::Classic | CreditMode::Adaptive => CreditPolicy::Adaptive {
+                max_window: AOSP_INITIAL_CREDIT,
+            },
+        }
+    }
+}
+
+impl std::str::FromStr for CreditMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<CreditMode, String> {
+        match text {
+            "classic" => Ok(CreditMode::Classic),
+            "aosp" => Ok(CreditMode::Aosp),
+            "adaptive" => Ok(CreditMode::Adaptive),
+            other => Err(format!(
+                "unknown credit mode '{other}' (expected classic, aosp or adaptive)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CreditMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CreditMode::Classic => "classic",
+            CreditMode::Aosp => "aosp",
+            CreditMode::Adaptive => "adaptive",
+        })
+    }
+}
+
 /// Receiver-side accounting of one stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecvCredit {

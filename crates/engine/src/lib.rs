@@ -11,7 +11,7 @@ pub use connection::{
     AuthReply, Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId,
     StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN,
 };
-pub use credit::{CreditPolicy, AOSP_INITIAL_CREDIT};
+pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT};
 
 #[cfg(test)]
 mod tests;

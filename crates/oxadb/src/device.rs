@@ -11,11 +11,15 @@ use crate::error::{Error, Result};
 /// Environment variable that turns burst mode off (any value but `0`), like `--no-burst`.
 pub const NO_BURST_ENV: &str = "OXADB_NO_BURST";
 
+pub use oxadb_engine::CreditMode;
+
 /// How to connect.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
-    /// Offer `delayed_ack`; used when the device offers it too.
-    pub burst: bool,
+    /// Flow control: `Classic` does not offer `delayed_ack`; `Aosp` and
+    /// `Adaptive` (the default) offer it and differ in how this side grants
+    /// credit for what it receives. Burst mode needs the device's offer too.
+    pub credit: CreditMode,
     /// Answer AUTH challenges with the keys in `~/.android` (and `ADB_VENDOR_KEYS`).
     pub authenticate: bool,
     /// How long to wait for TCP connect plus the CNXN exchange.
@@ -26,7 +30,11 @@ impl Default for ConnectOptions {
     fn default() -> Self {
         let burst_disabled = std::env::var_os(NO_BURST_ENV).is_some_and(|v| v != "0");
         ConnectOptions {
-            burst: !burst_disabled,
+            credit: if burst_disabled {
+                CreditMode::Classic
+            } else {
+                CreditMode::Adaptive
+            },
             authenticate: true,
             timeout: Duration::from_secs(10),
         }
@@ -51,10 +59,11 @@ impl Device {
         };
         let mut banner = Banner::new("host");
         banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
-        if options.burst {
+        if options.credit.delayed_ack() {
             banner.features.push(feature::DELAYED_ACK.to_string());
         }
-        let config = Config::new(Role::Host, banner);
+        let mut config = Config::new(Role::Host, banner);
+        config.credit_policy = options.credit.policy();
         let connect_error = |source| Error::Connect {
             addr: serial.clone(),
             source,

@@ -20,7 +20,7 @@ pub mod error;
 pub mod shell;
 pub mod sync;
 
-pub use device::{ConnectOptions, Device};
+pub use device::{ConnectOptions, CreditMode, Device};
 pub use error::{Error, Result};
 pub use oxadb_io::AdbStream;
 pub use shell::ShellOutput;

@@ -28,8 +28,13 @@ struct Args {
     serial: String,
     /// Classic flow control (one packet in flight per stream) even when the
     /// device supports burst mode; for comparisons.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "credit")]
     no_burst: bool,
+    /// Flow control: classic (one packet in flight, like --no-burst), aosp
+    /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
+    /// (burst mode, credit grown from the measured rate and round trip).
+    #[arg(long, global = true, value_name = "classic|aosp|adaptive")]
+    credit: Option<oxadb::CreditMode>,
     /// Log protocol details to stderr (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -127,7 +132,10 @@ async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let mut options = ConnectOptions::default();
     if args.no_burst {
-        options.burst = false;
+        options.credit = oxadb::CreditMode::Classic;
+    }
+    if let Some(credit) = args.credit {
+        options.credit = credit;
     }
     let device = Device::connect(&args.serial, &options).await?;
     let code = match &args.command {

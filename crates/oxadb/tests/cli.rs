@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use oxadbd::config::DaemonConfig;
+use oxadbd::config::{CreditMode, DaemonConfig};
 
 /// Starts a daemon on its own runtime thread; returns its address.
 fn start_daemon(delayed_ack: bool) -> SocketAddr {
@@ -24,7 +24,11 @@ fn start_daemon(delayed_ack: bool) -> SocketAddr {
                 product_name: "cli-test".into(),
                 product_model: "model".into(),
                 product_device: "device".into(),
-                delayed_ack,
+                credit: if delayed_ack {
+                    CreditMode::Adaptive
+                } else {
+                    CreditMode::Classic
+                },
             };
             oxadbd::server::serve(listener, config).await.unwrap();
         });

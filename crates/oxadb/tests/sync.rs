@@ -14,19 +14,44 @@ use oxadb::sync::{
     self, Compression, Direction, NoProgress, Progress, PullOptions, PushOptions, SyncFeatures,
     SyncSession, TransferSummary,
 };
-use oxadb::{ConnectOptions, Device, Error};
+use oxadb::{ConnectOptions, CreditMode, Device, Error};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Both sides offer delayed_ack.
+    /// Both sides offer delayed_ack and grant adaptive credit (the default).
     Burst,
+    /// Both sides offer delayed_ack and grant AOSP's fixed credit.
+    BurstAosp,
     /// The daemon does not offer delayed_ack.
     ClassicDaemon,
     /// The host does not offer delayed_ack.
     ClassicHost,
 }
 
-const MODES: [Mode; 3] = [Mode::Burst, Mode::ClassicDaemon, Mode::ClassicHost];
+const MODES: [Mode; 4] = [
+    Mode::Burst,
+    Mode::BurstAosp,
+    Mode::ClassicDaemon,
+    Mode::ClassicHost,
+];
+
+impl Mode {
+    fn daemon_credit(self) -> CreditMode {
+        match self {
+            Mode::Burst | Mode::ClassicHost => CreditMode::Adaptive,
+            Mode::BurstAosp => CreditMode::Aosp,
+            Mode::ClassicDaemon => CreditMode::Classic,
+        }
+    }
+
+    fn host_credit(self) -> CreditMode {
+        match self {
+            Mode::Burst | Mode::ClassicDaemon => CreditMode::Adaptive,
+            Mode::BurstAosp => CreditMode::Aosp,
+            Mode::ClassicHost => CreditMode::Classic,
+        }
+    }
+}
 
 /// A daemon on a free loopback port and a device connected to it.
 struct Setup {
@@ -50,18 +75,22 @@ async fn connect(mode: Mode) -> Setup {
         product_name: "t".into(),
         product_model: "t".into(),
         product_device: "t".into(),
-        delayed_ack: mode != Mode::ClassicDaemon,
+        credit: mode.daemon_credit(),
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let options = ConnectOptions {
-        burst: mode != Mode::ClassicHost,
+        credit: mode.host_credit(),
         authenticate: false,
         timeout: Duration::from_secs(10),
     };
     let device = Device::connect(&listen.to_string(), &options)
         .await
         .unwrap();
-    assert_eq!(device.burst_mode(), mode == Mode::Burst, "{mode:?}");
+    assert_eq!(
+        device.burst_mode(),
+        matches!(mode, Mode::Burst | Mode::BurstAosp),
+        "{mode:?}"
+    );
     Setup { device, server }
 }
 

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use oxadb_engine::CreditMode;
 use oxadb_wire::{feature, Banner};
 use serde::Deserialize;
 use thiserror::Error;
@@ -33,6 +34,8 @@ pub enum ConfigError {
          reach it remotely through an SSH tunnel"
     )]
     NotLoopback(SocketAddr),
+    #[error("config file {path}: {message}")]
+    BadValue { path: PathBuf, message: String },
 }
 
 /// The `[daemon]`-less flat TOML file; every key is optional.
@@ -44,10 +47,33 @@ pub struct FileConfig {
     pub product_name: Option<String>,
     pub product_model: Option<String>,
     pub product_device: Option<String>,
+    /// `false` is the same as `credit = "classic"`.
     pub delayed_ack: Option<bool>,
+    /// `classic`, `aosp` or `adaptive`.
+    pub credit: Option<String>,
+    /// Where this was read from, for error messages.
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
 }
 
 impl FileConfig {
+    /// The `credit` key, or `classic` for `delayed-ack = false`.
+    pub fn credit_mode(&self) -> Result<Option<CreditMode>, ConfigError> {
+        if let Some(text) = &self.credit {
+            return text
+                .parse()
+                .map(Some)
+                .map_err(|message| ConfigError::BadValue {
+                    path: self
+                        .path
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH)),
+                    message,
+                });
+        }
+        Ok((self.delayed_ack == Some(false)).then_some(CreditMode::Classic))
+    }
+
     /// Loads `path`; a missing default file is not an error, a missing named one is.
     pub fn load(path: Option<&Path>) -> Result<FileConfig, ConfigError> {
         let (path, required) = match path {
@@ -61,10 +87,13 @@ impl FileConfig {
             }
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path,
-            source: Box::new(source),
-        })
+        let mut config: FileConfig =
+            toml::from_str(&text).map_err(|source| ConfigError::Parse {
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
+        config.path = Some(path);
+        Ok(config)
     }
 }
 
@@ -76,7 +105,8 @@ pub struct DaemonConfig {
     pub product_name: String,
     pub product_model: String,
     pub product_device: String,
-    pub delayed_ack: bool,
+    /// Flow control offered; anything but `Classic` advertises `delayed_ack`.
+    pub credit: CreditMode,
 }
 
 impl DaemonConfig {
@@ -96,7 +126,7 @@ impl DaemonConfig {
             banner.properties.push((key.to_string(), value));
         }
         let mut features = feature::IMPLEMENTED.to_vec();
-        if self.delayed_ack {
+        if self.credit.delayed_ack() {
             features.push(feature::DELAYED_ACK);
         }
         banner.features = features.into_iter().map(str::to_string).collect();
@@ -195,13 +225,15 @@ mod tests {
             product_name: "debian".into(),
             product_model: "Board; rev=2".into(),
             product_device: "kiosk".into(),
-            delayed_ack: true,
+            credit: CreditMode::Adaptive,
         };
         let banner = Banner::parse(config.banner().encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));
         assert!(banner.has_feature("shell_v2"));
         assert!(banner.has_feature("delayed_ack"));
-        config.delayed_ack = false;
+        config.credit = CreditMode::Aosp;
+        assert!(config.banner().has_feature("delayed_ack"));
+        config.credit = CreditMode::Classic;
         assert!(!config.banner().has_feature("delayed_ack"));
     }
 
@@ -213,6 +245,12 @@ mod tests {
         .unwrap();
         assert_eq!(config.shell.as_deref(), Some(Path::new("/bin/bash")));
         assert_eq!(config.delayed_ack, Some(false));
+        assert_eq!(config.credit_mode().unwrap(), Some(CreditMode::Classic));
+        let config: FileConfig = toml::from_str("credit = \"aosp\"\n").unwrap();
+        assert_eq!(config.credit_mode().unwrap(), Some(CreditMode::Aosp));
+        let config: FileConfig = toml::from_str("credit = \"fast\"\n").unwrap();
+        let error = config.credit_mode().unwrap_err().to_string();
+        assert!(error.contains("unknown credit mode 'fast'"), "{error}");
         assert!(toml::from_str::<FileConfig>("bogus = 1").is_err());
     }
 }

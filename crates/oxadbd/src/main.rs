@@ -30,9 +30,14 @@ struct Args {
     /// `ro.product.device` in the banner [default: the host name].
     #[arg(long)]
     product_device: Option<String>,
-    /// Do not offer burst mode (`delayed_ack`); every stream runs classic flow control.
-    #[arg(long)]
+    /// Do not offer burst mode (`delayed_ack`); the same as `--credit classic`.
+    #[arg(long, conflicts_with = "credit")]
     no_delayed_ack: bool,
+    /// Flow control: classic (no burst mode), aosp (burst mode with AOSP's
+    /// fixed 32 MiB credit per stream) or adaptive (burst mode, credit grown
+    /// from the measured rate and round trip) [default: adaptive].
+    #[arg(long, value_name = "classic|aosp|adaptive")]
+    credit: Option<oxadbd::config::CreditMode>,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -55,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         .init();
 
     let file = FileConfig::load(args.config.as_deref())?;
+    let file_credit = file.credit_mode()?;
     let listen = args
         .listen
         .or(file.listen)
@@ -77,7 +83,11 @@ fn main() -> anyhow::Result<()> {
             .product_device
             .or(file.product_device)
             .unwrap_or_else(config::default_product_device),
-        delayed_ack: !args.no_delayed_ack && file.delayed_ack.unwrap_or(true),
+        credit: if args.no_delayed_ack {
+            config::CreditMode::Classic
+        } else {
+            args.credit.or(file_credit).unwrap_or_default()
+        },
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -88,7 +98,7 @@ fn main() -> anyhow::Result<()> {
         let local = listener.local_addr()?;
         tracing::info!(
             shell = %config.shell.display(),
-            delayed_ack = config.delayed_ack,
+            credit = %config.credit,
             "listening on {local}"
         );
         use tokio::signal::unix::{signal, SignalKind};

@@ -15,7 +15,8 @@ use crate::services::{forward, shell, sync};
 pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Result<()> {
     let config = Arc::new(config);
     // The banner already leaves `delayed_ack` out when it is switched off.
-    let engine_config = Config::new(Role::Device, config.banner());
+    let mut engine_config = Config::new(Role::Device, config.banner());
+    engine_config.credit_policy = config.credit.policy();
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

@@ -242,7 +242,10 @@ fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
     drop(socket);
     let received = receiver.join().expect("receiver thread")?;
     let elapsed = start.elapsed();
-    ensure!(received == size, "raw TCP file copy moved {received} of {size} bytes");
+    ensure!(
+        received == size,
+        "raw TCP file copy moved {received} of {size} bytes"
+    );
     Ok(elapsed)
 }
 

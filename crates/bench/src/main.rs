@@ -173,21 +173,26 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 }
 
 /// One single-stream TCP transfer over loopback, 1 MiB writes and reads.
+/// Accepts one connection and reads it to EOF, 1 MiB at a time, handing each
+/// read to `each`; returns the bytes received.
+fn receive_all(listener: &TcpListener, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<u64> {
+    let (mut socket, _) = listener.accept()?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = socket.read(&mut buf)?;
+        if n == 0 {
+            return Ok(total);
+        }
+        each(&buf[..n])?;
+        total += n as u64;
+    }
+}
+
 fn raw_tcp(size: u64) -> Result<Duration> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let receiver = std::thread::spawn(move || -> Result<u64> {
-        let (mut socket, _) = listener.accept()?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut total = 0u64;
-        loop {
-            let n = socket.read(&mut buf)?;
-            if n == 0 {
-                return Ok(total);
-            }
-            total += n as u64;
-        }
-    });
+    let receiver = std::thread::spawn(move || receive_all(&listener, |_| Ok(())));
     let mut block = vec![0u8; 1 << 20];
     rand::rngs::StdRng::seed_from_u64(1).fill_bytes(&mut block);
     let start = Instant::now();
@@ -215,18 +220,8 @@ fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
     let dest = dest.to_path_buf();
     let start = Instant::now();
     let receiver = std::thread::spawn(move || -> Result<u64> {
-        let (mut socket, _) = listener.accept()?;
         let mut out = File::create(&dest)?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut total = 0u64;
-        loop {
-            let n = socket.read(&mut buf)?;
-            if n == 0 {
-                return Ok(total);
-            }
-            out.write_all(&buf[..n])?;
-            total += n as u64;
-        }
+        receive_all(&listener, |data| Ok(out.write_all(data)?))
     });
     let mut file = File::open(source)?;
     let size = file.metadata()?.len();

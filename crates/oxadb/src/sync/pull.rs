@@ -190,12 +190,7 @@ struct Puller<'a> {
 
 impl Puller<'_> {
     async fn session(&mut self) -> Result<&mut SyncSession> {
-        if self.session.as_ref().is_none_or(SyncSession::is_ended) {
-            self.session = None;
-            let session = SyncSession::open_with(self.device, self.features).await?;
-            self.session = Some(session);
-        }
-        Ok(self.session.as_mut().expect("a session"))
+        SyncSession::reuse_or_open(&mut self.session, self.device, self.features).await
     }
 
     async fn pull_one(

@@ -247,12 +247,7 @@ struct Pusher<'a> {
 impl Pusher<'_> {
     /// The current session, or a new one if the device ended the last.
     async fn session(&mut self) -> Result<&mut SyncSession> {
-        if self.session.as_ref().is_none_or(SyncSession::is_ended) {
-            self.session = None;
-            let session = SyncSession::open_with(self.device, self.features).await?;
-            self.session = Some(session);
-        }
-        Ok(self.session.as_mut().expect("a session"))
+        SyncSession::reuse_or_open(&mut self.session, self.device, self.features).await
     }
 
     /// One regular file to exactly `remote`, acknowledged before returning.

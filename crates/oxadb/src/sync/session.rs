@@ -176,6 +176,20 @@ impl SyncSession {
     }
 
     /// The protocol extensions this session uses.
+    /// The session in `slot`, or a new one when there is none or the device
+    /// ended it (a failed transfer ends adbd's sync service).
+    pub(crate) async fn reuse_or_open<'a>(
+        slot: &'a mut Option<SyncSession>,
+        device: &Device,
+        features: SyncFeatures,
+    ) -> Result<&'a mut SyncSession> {
+        if slot.as_ref().is_none_or(SyncSession::is_ended) {
+            *slot = None;
+            *slot = Some(SyncSession::open_with(device, features).await?);
+        }
+        Ok(slot.as_mut().expect("a session"))
+    }
+
     pub fn features(&self) -> SyncFeatures {
         self.features
     }

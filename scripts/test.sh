@@ -3,15 +3,18 @@
 #
 # On a fresh Debian 12 machine (run as root, or with sudo available) it
 #   1. installs Debian's `adb` package (Google adb 29.0.6) if adb is missing,
-#   2. installs the pinned Python test dependencies (pytest, adb-shell),
-#   3. installs Node.js and npm (Debian's nodejs and npm packages) if missing,
+#   2. installs a private copy of Google adb 34.0.5 (Debian 13's adb package,
+#      pinned) under target/peers/adb-34 with scripts/install-adb34.sh, for
+#      the compression and burst-mode interop tests,
+#   3. installs the pinned Python test dependencies (pytest, adb-shell),
+#   4. installs Node.js and npm (Debian's nodejs and npm packages) if missing,
 #      and the pinned Tango client (npm ci in tests/interop/tango),
-#   4. builds the workspace (release),
-#   5. checks formatting,
-#   6. runs clippy with warnings denied,
-#   7. runs the Rust tests,
-#   8. runs the interop suite (tests/interop) of stock adb, Tango and
-#      adb-shell against oxadbd.
+#   5. builds the workspace (release),
+#   6. checks formatting,
+#   7. runs clippy with warnings denied,
+#   8. runs the Rust tests,
+#   9. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
+#      and adb-shell against oxadbd.
 # Any failure stops the run with a non-zero exit status. Nothing is skipped:
 # a missing peer (adb, python, node, npm, cargo, oxadbd) is an error.
 #
@@ -26,7 +29,7 @@ REPO="$(pwd)"
 ADB_WANT="29.0.6"
 START=$SECONDS
 PHASE=0
-PHASES=8
+PHASES=9
 
 phase() {
     PHASE=$((PHASE + 1))
@@ -67,6 +70,21 @@ esac
 for tool in mount umount chattr; do
     command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is missing (needed by the read-only destination tests)"
 done
+
+# --------------------------------------------------------------------------------
+phase "Google adb 34.0.5 (Debian 13 package, private copy in target/peers/adb-34)"
+ADB34="${REPO}/target/peers/adb-34/adb"
+if ! { [ -x "${ADB34}" ] && "${ADB34}" version 2>/dev/null | grep -q "Version 34.0.5"; }; then
+    scripts/install-adb34.sh "${REPO}/target/peers/adb-34" ||
+        die "installing Google adb 34.0.5 (scripts/install-adb34.sh) failed"
+fi
+ADB34_VERSION_TEXT="$("${ADB34}" version 2>&1)" || die "\`${ADB34} version\` failed: ${ADB34_VERSION_TEXT}"
+echo "${ADB34_VERSION_TEXT}"
+case "${ADB34_VERSION_TEXT}" in
+    *"Version 34.0.5"*) ;;
+    *) die "${ADB34} is not adb 34.0.5: ${ADB34_VERSION_TEXT}" ;;
+esac
+export OXADB_ADB34="${ADB34}"
 
 # --------------------------------------------------------------------------------
 phase "Python test dependencies (tests/requirements.txt)"
@@ -118,7 +136,7 @@ phase "cargo test --workspace --release"
 cargo test --workspace --release
 
 # --------------------------------------------------------------------------------
-phase "interop: stock adb ${ADB_WANT}, Tango and adb-shell against oxadbd (pytest tests/interop)"
+phase "interop: stock adb ${ADB_WANT} and 34.0.5, Tango and adb-shell against oxadbd (pytest tests/interop)"
 export OXADBD="${REPO}/target/release/oxadbd"
 # shellcheck disable=SC2086
 python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}

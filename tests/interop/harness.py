@@ -333,3 +333,44 @@ def which_adb() -> str:
         raise AssertionError("`adb` is not installed (Debian package `adb` 29.0.6); "
                              "run ./scripts/test.sh, which installs it")
     return adb
+
+
+# Fields of the daemon's debug lines: key=value pairs.
+FIELD = re.compile(r"(\w+)=(\S+)")
+
+
+def closed_streams(daemon, local_port: int | None = None, service: str | None = None,
+                   want: int = 1, timeout: float = 10.0) -> list[dict[str, str]]:
+    """The daemon's `stream closed` lines, parsed into their key=value fields.
+
+    `local_port` (the client's end of the TCP connection, logged by the daemon
+    as `peer=127.0.0.1:PORT` in the connection span) and `service` narrow the
+    lines down; both need the line to carry its spans, which the line of a
+    shell stream closed by its process exiting does not (it is logged outside
+    the connection/stream spans). Each test runs its own daemon, so without
+    them every line belongs to the test's connections. Waits until at least
+    `want` lines match.
+    """
+    peer = f"peer=127.0.0.1:{local_port}}}" if local_port is not None else None
+
+    def lines() -> list[dict[str, str]]:
+        found = []
+        for line in daemon.log_since(0).decode("utf-8", "replace").splitlines():
+            if "stream closed" not in line:
+                continue
+            if peer is not None and peer not in line:
+                continue
+            if service is not None and f"service={service}" not in line:
+                continue
+            found.append(dict(FIELD.findall(line.split("stream closed", 1)[1])))
+        return found
+
+    deadline = time.monotonic() + timeout
+    got = lines()
+    while len(got) < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        got = lines()
+    assert len(got) >= want, (
+        f"expected {want} `stream closed` line(s) ({peer=}, {service=}) in "
+        f"{daemon.log_path}, found {got}")
+    return got

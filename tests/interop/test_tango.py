@@ -13,8 +13,7 @@ each transfer, and compare it with what Tango saw on the wire.
 
 Compression (SND2/RCV2 with brotli/lz4/zstd) is not covered here: no published
 Tango version implements it (2.6.4 sends SND2 with flags 0 or DryRun only and
-pulls with RECV v1), so oxadbd's compressed framing is not checked by this
-client.
+pulls with RECV v1). Google's adb 34 checks it instead (test_adb34.py).
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from harness import sha256_file, write_random
+from harness import closed_streams, sha256_file, write_random
 
 TANGO_DIR = Path(__file__).resolve().parent / "tango"
 CLIENT = TANGO_DIR / "tango_client.mjs"
@@ -38,9 +35,6 @@ TANGO_VERSION = "2.6.4"
 MIB = 1 << 20
 BIG = 64 * MIB
 DELAYED_ACK_WINDOW = 32 * MIB  # what Tango (like AOSP's adb) grants in OPEN.arg1
-
-FIELD = re.compile(r"(\w+)=(\S+)")
-
 
 # --- the client ---------------------------------------------------------------------
 
@@ -98,45 +92,6 @@ def tango(node: str, port: int, *commands: list[str], host_delayed_ack: bool = T
 
 def b64(s: str) -> bytes:
     return base64.b64decode(s)
-
-
-# --- the daemon's log -----------------------------------------------------------------
-
-def closed_streams(daemon, local_port: int | None = None, service: str | None = None,
-                   want: int = 1, timeout: float = 10.0) -> list[dict[str, str]]:
-    """The daemon's `stream closed` lines, parsed into their key=value fields.
-
-    `local_port` (the client's end of the TCP connection, logged by the daemon
-    as `peer=127.0.0.1:PORT` in the connection span) and `service` narrow the
-    lines down; both need the line to carry its spans, which the line of a
-    shell stream closed by its process exiting does not (it is logged outside
-    the connection/stream spans). Each test runs its own daemon, so without
-    them every line belongs to the test's connections. Waits until at least
-    `want` lines match.
-    """
-    peer = f"peer=127.0.0.1:{local_port}}}" if local_port is not None else None
-
-    def lines() -> list[dict[str, str]]:
-        found = []
-        for line in daemon.log_since(0).decode("utf-8", "replace").splitlines():
-            if "stream closed" not in line:
-                continue
-            if peer is not None and peer not in line:
-                continue
-            if service is not None and f"service={service}" not in line:
-                continue
-            found.append(dict(FIELD.findall(line.split("stream closed", 1)[1])))
-        return found
-
-    deadline = time.monotonic() + timeout
-    got = lines()
-    while len(got) < want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        got = lines()
-    assert len(got) >= want, (
-        f"expected {want} `stream closed` line(s) ({peer=}, {service=}) in "
-        f"{daemon.log_path}, found {got}")
-    return got
 
 
 def results(out: dict) -> list[dict]:

@@ -15,7 +15,7 @@ struct Args {
     #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
     /// Configuration file (TOML; keys: listen, shell, product-name,
-    /// product-model, product-device, delayed-ack).
+    /// product-model, product-device, credit, delayed-ack).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].

@@ -5,12 +5,14 @@
 //! [`Connection::poll_transmit`] returns and reacts to [`Connection::poll_event`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
 use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYLOAD};
 use thiserror::Error;
 
+use crate::budget::MemoryBudget;
 use crate::credit::{CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
 use crate::send_queue::SendQueue;
 
@@ -50,6 +52,13 @@ pub struct Config {
     pub local_buffer: usize,
     /// Bytes a stream's writer may queue before `write` accepts no more.
     pub send_buffer: usize,
+    /// The process-wide budget the adaptive windows draw from (`None`: no
+    /// limit beyond each stream's `max_window`). Share one `Arc` between
+    /// every connection of a process.
+    pub memory_budget: Option<Arc<MemoryBudget>>,
+    /// Adaptive policy: add headroom for data and acknowledgements that
+    /// arrive in clumps (seed 004); off only for ablation runs.
+    pub ack_headroom: bool,
 }
 
 impl Config {
@@ -65,6 +74,8 @@ impl Config {
             initial_credit: AOSP_INITIAL_CREDIT,
             local_buffer: 2 * MAX_PAYLOAD as usize,
             send_buffer: MAX_PAYLOAD as usize,
+            memory_budget: None,
+            ack_headroom: true,
         }
     }
 }

@@ -3,10 +3,12 @@
 //! No sockets, no threads, no clocks: drivers (see the `oxadb-io` crate) feed
 //! packets in, take packets out and tell the engine the time, which keeps the
 //! protocol logic testable and deterministic.
+pub mod budget;
 pub mod connection;
 pub mod credit;
 pub mod send_queue;
 
+pub use budget::{BudgetLimits, MemoryBudget, Pressure};
 pub use connection::{
     AuthReply, Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId,
     StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN,

@@ -1,0 +1,205 @@
+//! The memory budget shared by every stream of a process: how many received
+//! bytes the adaptive receive windows may commit, in total.
+//!
+//! Shaped like Linux's `tcp_mem` (seed 003): three levels derived from free
+//! memory. Below `comfortable` windows grow freely; between `comfortable`
+//! and `pressure` they stop growing; between `pressure` and `limit` they
+//! shrink linearly towards a one-packet floor; at `limit` no stream is
+//! granted anything beyond that floor. The floor (one packet per stream,
+//! classic ADB's own guarantee) sits outside the budget so that no stream
+//! can starve: whatever else happens, every stream keeps one packet moving.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The levels of a [`MemoryBudget`], in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetLimits {
+    /// Below this, windows grow as the rate and round trip ask.
+    pub comfortable: u64,
+    /// Above this, windows shrink.
+    pub pressure: u64,
+    /// Committed bytes never exceed this (beyond each stream's floor).
+    pub limit: u64,
+    /// No single stream's window exceeds this.
+    pub per_stream_cap: u64,
+}
+
+/// AOSP's fixed credit: the largest window any stream gets.
+const MAX_PER_STREAM: u64 = 32 * 1024 * 1024;
+
+impl BudgetLimits {
+    /// Levels for a hard `limit`, in `tcp_mem`'s proportions (3/4 : 1 : 3/2
+    /// of the pressure level, so comfortable = limit / 2, pressure =
+    /// 2 x limit / 3); a stream may take an eighth of the limit, at most
+    /// AOSP's 32 MiB.
+    pub fn from_limit(limit: u64) -> BudgetLimits {
+        BudgetLimits {
+            comfortable: limit / 2,
+            pressure: limit / 3 * 2,
+            limit,
+            per_stream_cap: (limit / 8).min(MAX_PER_STREAM),
+        }
+    }
+
+    /// Levels for a machine with `available` bytes of free memory, the way
+    /// Linux sizes `tcp_mem` from free pages (`tcp_init_mem`: pressure at a
+    /// sixteenth, the hard limit at 3/32).
+    pub fn from_available_memory(available: u64) -> BudgetLimits {
+        BudgetLimits::from_limit(available / 32 * 3)
+    }
+}
+
+/// Memory pressure as the budget sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pressure {
+    /// Windows may grow.
+    Comfortable,
+    /// Windows keep their size.
+    Moderate,
+    /// Windows shrink towards the floor.
+    High,
+    /// Nothing beyond the floor.
+    Exhausted,
+}
+
+/// The process-wide budget; share it with `Arc` between connections.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limits: BudgetLimits,
+    committed: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemoryBudget {
+    pub fn new(limits: BudgetLimits) -> MemoryBudget {
+        MemoryBudget {
+            limits,
+            committed: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        }
+    }
+
+    pub fn limits(&self) -> BudgetLimits {
+        self.limits
+    }
+
+    /// Bytes committed now: granted to senders and not yet consumed, beyond
+    /// each stream's floor.
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Relaxed)
+    }
+
+    /// The most ever committed at once.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    pub fn pressure(&self) -> Pressure {
+        let committed = self.committed();
+        let limits = &self.limits;
+        if committed >= limits.limit {
+            Pressure::Exhausted
+        } else if committed >= limits.pressure {
+            Pressure::High
+        } else if committed >= limits.comfortable {
+            Pressure::Moderate
+        } else {
+            Pressure::Comfortable
+        }
+    }
+
+    /// The window a stream may use when it wishes for `wish` bytes: capped
+    /// per stream, shrunk linearly from `pressure` to `limit`, never below
+    /// `floor`.
+    pub fn allowed_window(&self, wish: u64, floor: u64) -> u64 {
+        let limits = &self.limits;
+        let wish = wish.min(limits.per_stream_cap).max(floor);
+        let committed = self.committed();
+        if committed < limits.pressure {
+            return wish;
+        }
+        if committed >= limits.limit {
+            return floor;
+        }
+        let left = (limits.limit - committed) as u128;
+        let span = (limits.limit - limits.pressure).max(1) as u128;
+        let shrunk = (wish as u128 * left / span) as u64;
+        shrunk.max(floor)
+    }
+
+    /// Reserves up to `want` bytes; returns how many were reserved (less when
+    /// the limit is near, zero at the limit).
+    pub fn reserve(&self, want: u64) -> u64 {
+        let mut committed = self.committed.load(Ordering::Relaxed);
+        loop {
+            let got = want.min(self.limits.limit.saturating_sub(committed));
+            if got == 0 {
+                return 0;
+            }
+            match self.committed.compare_exchange_weak(
+                committed,
+                committed + got,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.peak.fetch_max(committed + got, Ordering::Relaxed);
+                    return got;
+                }
+                Err(now) => committed = now,
+            }
+        }
+    }
+
+    /// Returns `bytes` reserved earlier.
+    pub fn release(&self, bytes: u64) {
+        if bytes > 0 {
+            let before = self.committed.fetch_sub(bytes, Ordering::Relaxed);
+            debug_assert!(before >= bytes, "released more than was reserved");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_follow_tcp_mem_proportions() {
+        let limits = BudgetLimits::from_available_memory(512 << 20);
+        assert_eq!(limits.limit, 48 << 20);
+        assert_eq!(limits.pressure, 32 << 20);
+        assert_eq!(limits.comfortable, 24 << 20);
+        assert_eq!(limits.per_stream_cap, 6 << 20);
+        assert_eq!(
+            BudgetLimits::from_limit(1 << 40).per_stream_cap,
+            32 << 20,
+            "never above AOSP's fixed credit"
+        );
+    }
+
+    #[test]
+    fn reservations_stop_at_the_limit_and_come_back() {
+        let budget = MemoryBudget::new(BudgetLimits::from_limit(1000));
+        assert_eq!(budget.reserve(600), 600);
+        assert_eq!(budget.reserve(600), 400, "clipped at the limit");
+        assert_eq!(budget.reserve(1), 0);
+        assert_eq!(budget.pressure(), Pressure::Exhausted);
+        budget.release(700);
+        assert_eq!(budget.committed(), 300);
+        assert_eq!(budget.peak(), 1000);
+        assert_eq!(budget.pressure(), Pressure::Comfortable);
+    }
+
+    #[test]
+    fn windows_shrink_between_pressure_and_limit() {
+        let budget = MemoryBudget::new(BudgetLimits::from_limit(3000));
+        // pressure = 2000, limit = 3000, per-stream cap = 375.
+        assert_eq!(budget.allowed_window(300, 10), 300);
+        assert_eq!(budget.allowed_window(10_000, 10), 375, "per-stream cap");
+        budget.reserve(2500);
+        assert_eq!(budget.allowed_window(300, 10), 150, "halfway to the limit");
+        budget.reserve(500);
+        assert_eq!(budget.allowed_window(300, 10), 10, "the floor at the limit");
+    }
+}

@@ -83,22 +83,7 @@ struct AdbLoopback {
     workdir: PathBuf,
 }
 
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => text.split_at(i),
-        None => (text, ""),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("bad size {text:?}"))?;
-    let shift = match unit.trim_end_matches(['i', 'B']) {
-        "" => 0,
-        "K" | "k" => 10,
-        "M" | "m" => 20,
-        "G" | "g" => 30,
-        _ => return Err(format!("bad size unit in {text:?}")),
-    };
-    Ok(n << shift)
-}
+use oxadb_io::parse_size;
 
 fn main() -> Result<()> {
     // The same allocator settings as oxadbd and oxadb.

@@ -13,7 +13,7 @@ use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYL
 use thiserror::Error;
 
 use crate::budget::MemoryBudget;
-use crate::credit::{CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
+use crate::credit::{AdaptiveParams, CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
 use crate::send_queue::SendQueue;
 
 /// Which end of the connection we are. A value, never a compile-time switch.
@@ -183,8 +183,14 @@ pub struct StreamStats {
     pub packets_received: u64,
     pub okays_sent: u64,
     pub okays_received: u64,
-    /// Adaptive policy: the receive window now, bytes.
+    /// Adaptive policy: the window grants aim for now (measured window plus
+    /// headroom, capped and shrunk by budget pressure), bytes.
     pub window: Option<u64>,
+    /// Adaptive policy: the headroom for clumped deliveries in that window.
+    pub headroom: Option<u64>,
+    /// Delayed-ack credit we granted and the consumer has not taken yet:
+    /// what the peer may have in flight or we may hold, bytes.
+    pub credit_outstanding: Option<u64>,
     /// Adaptive policy: the smallest round trip measured, nanoseconds.
     pub min_rtt_ns: Option<u64>,
     /// Adaptive policy: the last measured consumption rate, bytes per second.
@@ -325,6 +331,8 @@ impl Connection {
     pub fn stream_stats(&self, id: StreamId) -> Option<StreamStats> {
         self.streams.get(&id.0).map(|s| StreamStats {
             window: s.recv.window(),
+            headroom: s.recv.headroom(),
+            credit_outstanding: s.recv.credit_outstanding(),
             min_rtt_ns: s.recv.min_rtt_ns(),
             consume_rate: s.recv.rate(),
             ..s.stats
@@ -356,9 +364,16 @@ impl Connection {
         match self.config.credit_policy {
             CreditPolicy::Aosp => RecvCredit::aosp(local_buffer),
             CreditPolicy::Adaptive { max_window } => {
-                // Two packets: one being consumed while the next arrives.
-                let initial = 2 * u64::from(self.max_incoming_payload());
-                RecvCredit::adaptive(initial, u64::from(max_window), self.now_ns)
+                let packet = u64::from(self.max_incoming_payload());
+                let params = AdaptiveParams {
+                    // Two packets: one being consumed while the next arrives.
+                    initial: 2 * packet,
+                    max_window: u64::from(max_window),
+                    floor: packet,
+                    budget: self.config.memory_budget.clone(),
+                    ack_headroom: self.config.ack_headroom,
+                };
+                RecvCredit::adaptive(params, self.now_ns)
             }
         }
     }
@@ -975,6 +990,7 @@ fn log_stream_closed(local_id: u32, stream: &Stream) {
         okays_sent = stats.okays_sent,
         okays_received = stats.okays_received,
         window = stream.recv.window(),
+        headroom = stream.recv.headroom(),
         min_rtt_us = stream.recv.min_rtt_ns().map(|ns| ns / 1000),
         consume_rate = stream.recv.rate(),
         "stream closed"

@@ -8,6 +8,10 @@
 //!   later OKAY carries the i32 number of bytes acknowledged, and the sender keeps
 //!   sending while its credit is positive (overshooting by at most one packet).
 
+use std::sync::Arc;
+
+use crate::budget::{MemoryBudget, Pressure};
+
 /// AOSP's `INITIAL_DELAYED_ACK_BYTES`: the fixed credit each side grants per stream.
 pub const AOSP_INITIAL_CREDIT: u32 = 32 * 1024 * 1024;
 
@@ -118,14 +122,14 @@ impl std::fmt::Display for CreditMode {
 }
 
 /// Receiver-side accounting of one stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct RecvCredit {
     mode: RecvMode,
     received: u64,
     consumed: u64,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 enum RecvMode {
     /// One OKAY per WRTE, sent once the stream's backlog fits `local_buffer`.
     Classic {
@@ -142,12 +146,35 @@ enum RecvMode {
     Adaptive(AdaptiveWindow),
 }
 
+/// How an adaptive window is set up (see [`RecvCredit::adaptive`]).
+#[derive(Debug, Clone)]
+pub struct AdaptiveParams {
+    /// The first grant, before anything was measured.
+    pub initial: u64,
+    /// The per-stream cap.
+    pub max_window: u64,
+    /// What the stream may always have outstanding, outside any budget:
+    /// one packet, classic ADB's own guarantee, so no stream can starve.
+    pub floor: u64,
+    /// The process-wide budget the window draws from beyond its floor.
+    pub budget: Option<Arc<MemoryBudget>>,
+    /// Add headroom for clumped deliveries (seed 004).
+    pub ack_headroom: bool,
+}
+
 /// The adaptive receive window of one stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct AdaptiveWindow {
     /// Bytes the sender may have outstanding beyond what was consumed.
     window: u64,
     max_window: u64,
+    floor: u64,
+    budget: Option<Arc<MemoryBudget>>,
+    /// Bytes of `budget` this stream holds: its grant beyond the floor that
+    /// the consumer has not taken yet.
+    reserved: u64,
+    /// `None` when headroom is switched off.
+    headroom: Option<AckHeadroom>,
     /// Total bytes the sender may send: the initial grant plus every OKAY.
     granted: u64,
     /// Smallest round trip seen (ns): the open handshake, then each OKAY that
@@ -164,6 +191,57 @@ pub struct AdaptiveWindow {
 /// Shortest interval over which the consumption rate is measured: shorter
 /// ones see single packets arrive, not a rate.
 const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
+
+/// Seed 004 (BBR's ACK-aggregation estimate): when data arrives in clumps
+/// (USB completions, Wi-Fi aggregation, a peer that batches OKAYs), a window
+/// of exactly rate x RTT leaves the sender idle between clumps. Track the
+/// bytes delivered beyond what the rate predicts since the current burst
+/// began, keep a windowed maximum, and add it to the window.
+#[derive(Debug, Clone, Default)]
+struct AckHeadroom {
+    epoch_start_ns: u64,
+    epoch_bytes: u64,
+    /// Windowed maximum in two slots of `SLOT_ROUND_TRIPS` each, as BBR keeps
+    /// `extra_acked[2]` over ten round trips.
+    slots: [u64; 2],
+    current: usize,
+    slot_started_ns: u64,
+}
+
+/// Round trips per headroom slot (BBR: `bbr_extra_acked_win_rtts` = 5).
+const SLOT_ROUND_TRIPS: u64 = 5;
+/// The cap on headroom in time at the measured rate (BBR: 100 ms).
+const MAX_HEADROOM_NS: u64 = 100_000_000;
+
+impl AckHeadroom {
+    fn on_delivered(&mut self, bytes: u64, now_ns: u64, rate: u64, rtt_ns: u64, window: u64) {
+        if now_ns.saturating_sub(self.slot_started_ns)
+            >= SLOT_ROUND_TRIPS * rtt_ns.max(MIN_RATE_INTERVAL_NS)
+        {
+            self.current ^= 1;
+            self.slots[self.current] = 0;
+            self.slot_started_ns = now_ns;
+        }
+        let elapsed = now_ns.saturating_sub(self.epoch_start_ns);
+        let mut expected = (rate as u128 * elapsed as u128 / 1_000_000_000) as u64;
+        if self.epoch_bytes <= expected {
+            // Delivery caught up with the rate: a new burst starts here.
+            self.epoch_start_ns = now_ns;
+            self.epoch_bytes = 0;
+            expected = 0;
+        }
+        self.epoch_bytes += bytes;
+        let extra = (self.epoch_bytes - expected).min(window);
+        let slot = &mut self.slots[self.current];
+        *slot = (*slot).max(extra);
+    }
+
+    /// Capped by the window itself and by rate x 100 ms (seed 004).
+    fn headroom(&self, rate: u64, window: u64) -> u64 {
+        let by_time = (rate as u128 * MAX_HEADROOM_NS as u128 / 1_000_000_000) as u64;
+        self.slots[0].max(self.slots[1]).min(window).min(by_time)
+    }
+}
 
 impl RecvCredit {
     /// Classic mode (no delayed_ack): stop-and-wait OKAYs.
@@ -182,12 +260,25 @@ impl RecvCredit {
         })
     }
 
-    /// Adaptive window starting at `initial` (clamped to `max_window`), at time `now_ns`.
-    pub fn adaptive(initial: u64, max_window: u64, now_ns: u64) -> RecvCredit {
-        let window = initial.min(max_window).max(1);
+    /// Adaptive window starting at `params.initial` (clamped to the cap and
+    /// to what the budget allows), at time `now_ns`.
+    pub fn adaptive(params: AdaptiveParams, now_ns: u64) -> RecvCredit {
+        let floor = params.floor.max(1);
+        let max_window = params.max_window.max(floor);
+        let mut window = params.initial.clamp(floor, max_window);
+        let mut reserved = 0;
+        if let Some(budget) = &params.budget {
+            window = budget.allowed_window(window, floor);
+            reserved = budget.reserve(window - floor);
+            window = floor + reserved;
+        }
         RecvCredit::with_mode(RecvMode::Adaptive(AdaptiveWindow {
             window,
-            max_window: max_window.max(window),
+            max_window,
+            floor,
+            budget: params.budget,
+            reserved,
+            headroom: params.ack_headroom.then(AckHeadroom::default),
             granted: window,
             min_rtt_ns: None,
             probe_started_ns: None,
@@ -217,10 +308,19 @@ impl RecvCredit {
         (self.received - self.consumed) as usize
     }
 
-    /// Current window (adaptive) for statistics.
+    /// The window grants aim for now (adaptive), for statistics.
     pub fn window(&self) -> Option<u64> {
         match &self.mode {
-            RecvMode::Adaptive(adaptive) => Some(adaptive.window),
+            RecvMode::Adaptive(adaptive) => Some(adaptive.allowed_window()),
+            _ => None,
+        }
+    }
+
+    /// Granted and not yet consumed (adaptive): the sender may have this much
+    /// in flight, plus the one packet it may overshoot by.
+    pub fn credit_outstanding(&self) -> Option<u64> {
+        match &self.mode {
+            RecvMode::Adaptive(adaptive) => Some(adaptive.granted.saturating_sub(self.consumed)),
             _ => None,
         }
     }
@@ -260,8 +360,10 @@ impl RecvCredit {
 
     pub fn on_received(&mut self, bytes: usize, now_ns: u64) {
         self.received += bytes as u64;
-        if let RecvMode::Classic { owed_okays, .. } = &mut self.mode {
-            *owed_okays += 1;
+        match &mut self.mode {
+            RecvMode::Classic { owed_okays, .. } => *owed_okays += 1,
+            RecvMode::Adaptive(adaptive) => adaptive.on_delivered(bytes as u64, now_ns),
+            RecvMode::Aosp { .. } => {}
         }
         self.end_rtt_probe(now_ns);
     }
@@ -270,6 +372,15 @@ impl RecvCredit {
         self.consumed += bytes as u64;
         if let RecvMode::Adaptive(adaptive) = &mut self.mode {
             adaptive.measure_rate(self.consumed, now_ns);
+            adaptive.release_consumed(self.consumed);
+        }
+    }
+
+    /// Headroom currently added to the adaptive window (statistics).
+    pub fn headroom(&self) -> Option<u64> {
+        match &self.mode {
+            RecvMode::Adaptive(adaptive) => Some(adaptive.headroom()),
+            _ => None,
         }
     }
 
@@ -301,17 +412,23 @@ impl RecvCredit {
                 push_okays(out, owed);
             }
             RecvMode::Adaptive(adaptive) => {
-                let desired = self.consumed + adaptive.window;
+                let desired = self.consumed + adaptive.allowed_window();
                 if desired <= adaptive.granted {
                     return;
                 }
-                let increase = desired - adaptive.granted;
+                let mut increase = desired - adaptive.granted;
                 // What the sender can still send; negative after its one
                 // allowed overshoot.
                 let usable = adaptive.granted as i64 - self.received as i64;
                 // Seed 002 (smoltcp): coalesce, except an update that
                 // unblocks the sender or at least doubles its usable credit.
                 if usable > 0 && (increase as i64) < usable {
+                    return;
+                }
+                // The budget has the last word: beyond the floor, a grant is
+                // only as large as what is left of it.
+                increase = adaptive.reserve_for_grant(increase, self.consumed);
+                if increase == 0 {
                     return;
                 }
                 if usable <= 0 && adaptive.probe_started_ns.is_none() {
@@ -336,6 +453,61 @@ fn push_okays(out: &mut Vec<Option<i32>>, mut owed: u64) {
 }
 
 impl AdaptiveWindow {
+    fn headroom(&self) -> u64 {
+        self.headroom
+            .as_ref()
+            .map_or(0, |h| h.headroom(self.rate, self.window))
+    }
+
+    /// The window grants aim for: the measured window plus headroom, capped
+    /// per stream and shrunk by budget pressure.
+    fn allowed_window(&self) -> u64 {
+        let wish = (self.window + self.headroom()).min(self.max_window);
+        match &self.budget {
+            Some(budget) => budget.allowed_window(wish, self.floor),
+            None => wish,
+        }
+    }
+
+    fn on_delivered(&mut self, bytes: u64, now_ns: u64) {
+        let (Some(headroom), Some(rtt)) = (self.headroom.as_mut(), self.min_rtt_ns) else {
+            return;
+        };
+        if self.rate > 0 {
+            headroom.on_delivered(bytes, now_ns, self.rate, rtt, self.window);
+        }
+    }
+
+    /// Grant beyond the floor what the consumer has not taken: that is what
+    /// this stream holds of the budget.
+    fn beyond_floor(&self, granted: u64, consumed: u64) -> u64 {
+        granted.saturating_sub(consumed).saturating_sub(self.floor)
+    }
+
+    /// Reserves budget for a grant of `increase` bytes; returns the grant the
+    /// budget allows (all of it without a budget).
+    fn reserve_for_grant(&mut self, increase: u64, consumed: u64) -> u64 {
+        let Some(budget) = &self.budget else {
+            return increase;
+        };
+        let target = self.beyond_floor(self.granted + increase, consumed);
+        let need = target.saturating_sub(self.reserved);
+        let got = budget.reserve(need);
+        self.reserved += got;
+        increase - (need - got)
+    }
+
+    fn release_consumed(&mut self, consumed: u64) {
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        let target = self.beyond_floor(self.granted, consumed);
+        if target < self.reserved {
+            budget.release(self.reserved - target);
+            self.reserved = target;
+        }
+    }
+
     fn rtt_sample(&mut self, rtt_ns: u64) {
         let rtt_ns = rtt_ns.max(1);
         self.min_rtt_ns = Some(self.min_rtt_ns.map_or(rtt_ns, |min| min.min(rtt_ns)));
@@ -356,14 +528,45 @@ impl AdaptiveWindow {
         }
         self.rate = ((consumed - mark_consumed) as u128 * 1_000_000_000 / elapsed as u128) as u64;
         self.rate_mark = (now_ns, consumed);
+        // Seed 003: above the comfortable level of the budget, windows stop growing.
+        if self
+            .budget
+            .as_ref()
+            .is_some_and(|b| b.pressure() > Pressure::Comfortable)
+        {
+            return;
+        }
         let target = (2 * self.rate as u128 * rtt as u128 / 1_000_000_000) as u64;
         self.window = self.window.max(target.min(self.max_window));
+    }
+}
+
+impl Drop for AdaptiveWindow {
+    fn drop(&mut self) {
+        // A closed stream's grant is no longer anyone's memory.
+        if let Some(budget) = &self.budget {
+            budget.release(self.reserved);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An adaptive window with no budget and no headroom: the rules alone.
+    fn adaptive(initial: u64, max_window: u64) -> RecvCredit {
+        RecvCredit::adaptive(
+            AdaptiveParams {
+                initial,
+                max_window,
+                floor: 1,
+                budget: None,
+                ack_headroom: false,
+            },
+            0,
+        )
+    }
 
     #[test]
     fn classic_sender_is_stop_and_wait() {
@@ -441,7 +644,7 @@ mod tests {
 
     #[test]
     fn adaptive_coalesces_until_the_update_doubles_usable_credit() {
-        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut credit = adaptive(1000, 1 << 20);
         assert_eq!(credit.initial_grant(), Some(1000));
         let mut out = Vec::new();
         credit.on_received(300, 0);
@@ -456,7 +659,7 @@ mod tests {
 
     #[test]
     fn adaptive_unblocks_an_exhausted_sender_at_once() {
-        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut credit = adaptive(1000, 1 << 20);
         let mut out = Vec::new();
         // The sender used its whole grant (and overshot by one packet).
         credit.on_received(1100, 0);
@@ -469,7 +672,7 @@ mod tests {
 
     #[test]
     fn adaptive_stalled_consumer_bounds_what_arrives() {
-        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut credit = adaptive(1000, 1 << 20);
         let mut out = Vec::new();
         credit.on_received(1000, 0);
         for t in 1..100 {
@@ -481,7 +684,7 @@ mod tests {
 
     #[test]
     fn adaptive_window_grows_to_twice_rate_times_rtt_and_stops_at_the_cap() {
-        let mut credit = RecvCredit::adaptive(1 << 20, 64 << 20, 0);
+        let mut credit = adaptive(1 << 20, 64 << 20);
         let mut out = Vec::new();
         // Open handshake: 10 ms round trip.
         credit.start_rtt_probe(0);
@@ -505,7 +708,7 @@ mod tests {
 
     #[test]
     fn adaptive_rtt_probe_times_the_okay_that_unblocked_the_sender() {
-        let mut credit = RecvCredit::adaptive(1000, 1 << 20, 0);
+        let mut credit = adaptive(1000, 1 << 20);
         let mut out = Vec::new();
         credit.on_received(1000, MS);
         credit.on_consumed(1000, 2 * MS);
@@ -513,5 +716,97 @@ mod tests {
         assert_eq!(out, vec![Some(1000)]);
         credit.on_received(500, 7 * MS);
         assert_eq!(credit.min_rtt_ns(), Some(5 * MS));
+    }
+
+    #[test]
+    fn windows_sharing_a_budget_never_commit_more_than_it() {
+        let limit = 1 << 20;
+        let floor = 4096;
+        let budget = Arc::new(MemoryBudget::new(crate::BudgetLimits::from_limit(limit)));
+        let mut streams: Vec<RecvCredit> = (0..20)
+            .map(|_| {
+                RecvCredit::adaptive(
+                    AdaptiveParams {
+                        initial: 256 * 1024,
+                        max_window: 32 << 20,
+                        floor,
+                        budget: Some(budget.clone()),
+                        ack_headroom: true,
+                    },
+                    0,
+                )
+            })
+            .collect();
+        let mut okays = Vec::new();
+        for round in 0..200u64 {
+            let now = round * 1_000_000;
+            for (i, credit) in streams.iter_mut().enumerate() {
+                // Every sender uses all its credit; consumers take a share
+                // that differs by stream, some nothing at all.
+                let outstanding = credit.credit_outstanding().unwrap();
+                let unreceived = outstanding - credit.buffered() as u64;
+                credit.on_received(unreceived as usize, now);
+                let take = credit.buffered() * (i % 4) / 4;
+                credit.on_consumed(take, now);
+                okays.clear();
+                credit.take_okays(&mut okays, now);
+            }
+            let committed: u64 = streams
+                .iter()
+                .map(|c| c.credit_outstanding().unwrap())
+                .sum();
+            assert!(
+                committed <= limit + 20 * floor,
+                "round {round}: {committed} granted and unconsumed over a budget of {limit}"
+            );
+        }
+        assert!(budget.peak() <= limit);
+        drop(streams);
+        assert_eq!(budget.committed(), 0, "every stream returned its share");
+    }
+
+    /// Data that arrives in clumps (8 ms of it at once, every 8 ms, over a
+    /// 1 ms round trip) earns headroom up to the window; steady arrivals at
+    /// the same rate earn none.
+    #[test]
+    fn clumped_arrivals_earn_headroom_and_steady_ones_do_not() {
+        let run = |clumped: bool| {
+            let mut credit = RecvCredit::adaptive(
+                AdaptiveParams {
+                    initial: 64 * 1024,
+                    max_window: 32 << 20,
+                    floor: 16 * 1024,
+                    budget: None,
+                    ack_headroom: true,
+                },
+                0,
+            );
+            credit.start_rtt_probe(0);
+            credit.end_rtt_probe(1_000_000);
+            // 100 MB/s: 100 bytes per microsecond.
+            let mut okays = Vec::new();
+            for tick in 1..4000u64 {
+                // Ticks of 100 us.
+                let now = tick * 100_000;
+                let bytes = if !clumped {
+                    10_000
+                } else if tick % 80 == 0 {
+                    800_000
+                } else {
+                    0
+                };
+                if bytes > 0 {
+                    credit.on_received(bytes, now);
+                    credit.on_consumed(bytes, now);
+                }
+                credit.take_okays(&mut okays, now);
+            }
+            credit.headroom().unwrap()
+        };
+        let (steady, clumped) = (run(false), run(true));
+        // The measured window is 2 x 100 MB/s x 1 ms = 200 kB, which also
+        // caps the headroom (seed 004: never more than the window itself).
+        assert!(steady <= 20_000, "steady arrivals earned {steady}");
+        assert_eq!(clumped, 200_000, "clumps of 800 kB earned {clumped}");
     }
 }

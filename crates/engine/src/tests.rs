@@ -495,13 +495,31 @@ struct Side {
 
 impl Side {
     fn check_receive_bound(&self, max_payload: u64, seed: u64) {
-        let Some(window) = self.connection.stream_stats(self.id).and_then(|s| s.window) else {
+        let Some(stats) = self.connection.stream_stats(self.id) else {
             return;
         };
+        let (Some(window), Some(outstanding)) = (stats.window, stats.credit_outstanding) else {
+            return;
+        };
+        // The sender stays within its credit but for one packet...
         let buffered = self.connection.readable_bytes(self.id) as u64;
         assert!(
-            buffered <= window + max_payload,
-            "seed {seed}: {buffered} bytes buffered, window {window}"
+            buffered <= outstanding + max_payload,
+            "seed {seed}: {buffered} bytes buffered, {outstanding} granted and unconsumed"
+        );
+        // ...so with a budget, what it holds is the budget's share plus its
+        // one-packet floor and the one-packet overshoot.
+        if let Some(budget) = &self.connection.config().memory_budget {
+            assert!(
+                buffered <= budget.limits().limit + 2 * max_payload,
+                "seed {seed}: {buffered} bytes buffered over a budget of {}",
+                budget.limits().limit
+            );
+        }
+        // The window never goes beyond the per-stream cap.
+        assert!(
+            window <= u64::from(AOSP_INITIAL_CREDIT),
+            "seed {seed}: window {window}"
         );
     }
 }
@@ -533,10 +551,21 @@ fn randomised_transfers_complete_within_credit_under_every_policy_pair() {
             config.credit_policy = policy;
             config.initial_credit = 8 * 1024 + rng.below(256 * 1024) as u32;
             config.local_buffer = rng.below(2 * max_payload as u64) as usize;
+            config.ack_headroom = rng.below(2) == 0;
+            if rng.below(2) == 0 {
+                let limit = 16 * 1024 + rng.below(1 << 20);
+                config.memory_budget = Some(std::sync::Arc::new(MemoryBudget::new(
+                    BudgetLimits::from_limit(limit),
+                )));
+            }
             config
         };
         let host_config = make(Role::Host, &mut rng);
         let device_config = make(Role::Device, &mut rng);
+        let budgets: Vec<_> = [&host_config, &device_config]
+            .iter()
+            .filter_map(|c| c.memory_budget.clone())
+            .collect();
         let mut pair = Pair::new(host_config, device_config);
         let (host_id, device_id) = pair.open("exec:cat");
         let mut sides = [
@@ -610,5 +639,91 @@ fn randomised_transfers_complete_within_credit_under_every_policy_pair() {
         }
         assert_eq!(sides[0].received, sides[1].to_send, "seed {seed}");
         assert_eq!(sides[1].received, sides[0].to_send, "seed {seed}");
+        drop(sides);
+        for budget in budgets {
+            assert!(
+                budget.peak() <= budget.limits().limit,
+                "seed {seed}: budget exceeded"
+            );
+            assert_eq!(budget.committed(), 0, "seed {seed}: budget leaked");
+        }
+    }
+}
+
+/// Many streams on one connection draw from one small budget while their
+/// consumers read at random (some stall for long stretches): the device never
+/// holds more than the budget plus each stream's floor and one-packet
+/// overshoot, every transfer completes, and the budget is whole again after.
+#[test]
+fn streams_sharing_a_small_budget_stay_within_it_and_complete() {
+    for seed in 1..=60u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let max_payload = [4096u32, 16 * 1024][rng.below(2) as usize];
+        let limit = 8 * u64::from(max_payload) + rng.below(256 * 1024);
+        let budget = std::sync::Arc::new(MemoryBudget::new(BudgetLimits::from_limit(limit)));
+        let mut host_config = config(Role::Host, true);
+        host_config.max_payload = max_payload;
+        host_config.send_buffer = 4 * max_payload as usize;
+        let mut device_config = config(Role::Device, true);
+        device_config.max_payload = max_payload;
+        device_config.memory_budget = Some(budget.clone());
+        device_config.ack_headroom = rng.below(2) == 0;
+        let mut pair = Pair::new(host_config, device_config);
+        let streams = 2 + rng.below(23) as usize;
+        let ids: Vec<_> = (0..streams).map(|_| pair.open("exec:cat")).collect();
+        let sizes: Vec<usize> = (0..streams)
+            .map(|_| 1 + rng.below(400_000) as usize)
+            .collect();
+        let mut sent = vec![0usize; streams];
+        let mut received = vec![0usize; streams];
+        // A stalled consumer reads nothing until this step.
+        let stalled_until: Vec<u64> = (0..streams)
+            .map(|_| {
+                if rng.below(3) == 0 {
+                    rng.below(3000)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let bound = limit + streams as u64 * 2 * u64::from(max_payload);
+        let mut now_us = 0u64;
+        let mut step = 0u64;
+        while received != sizes {
+            step += 1;
+            assert!(
+                step < 500_000,
+                "seed {seed}: stalled at {received:?} of {sizes:?}"
+            );
+            // Steps of up to 20 ms: round trips long enough for windows to grow
+            // past what the budget allows them all.
+            now_us += rng.below(20_000);
+            pair.host.set_time(std::time::Duration::from_micros(now_us));
+            pair.device
+                .set_time(std::time::Duration::from_micros(now_us));
+            let s = rng.below(streams as u64) as usize;
+            let (host_id, device_id) = ids[s];
+            if rng.below(2) == 0 && sent[s] < sizes[s] {
+                let end = (sent[s] + 1 + rng.below(50_000) as usize).min(sizes[s]);
+                sent[s] += pair.host.write(host_id, &pattern(end - sent[s])).unwrap();
+            } else if step >= stalled_until[s] {
+                let max = 1 + rng.below(40_000) as usize;
+                if let Ok(Read::Data(chunk)) = pair.device.read(device_id, max) {
+                    received[s] += chunk.len();
+                }
+            }
+            pair.drive();
+            let buffered: u64 = ids
+                .iter()
+                .map(|&(_, d)| pair.device.readable_bytes(d) as u64)
+                .sum();
+            assert!(
+                buffered <= bound,
+                "seed {seed}: {buffered} bytes held over a budget of {limit} ({streams} streams)"
+            );
+        }
+        assert!(budget.peak() <= limit);
+        drop(pair);
+        assert_eq!(budget.committed(), 0, "seed {seed}: budget leaked");
     }
 }

@@ -166,3 +166,13 @@ async fn whole_chunks_flow_under_credit() {
         device.await.unwrap();
     }
 }
+
+#[test]
+fn sizes_take_binary_suffixes() {
+    assert_eq!(parse_size("65536"), Ok(65536));
+    assert_eq!(parse_size("64K"), Ok(64 << 10));
+    assert_eq!(parse_size("64M"), Ok(64 << 20));
+    assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+    assert!(parse_size("12X").unwrap_err().contains("unit"));
+    assert!(parse_size("").is_err());
+}

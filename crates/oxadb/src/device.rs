@@ -1,8 +1,9 @@
 //! Connecting to a device and opening streams on it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use oxadb_engine::{AuthReply, Config, Role};
+use oxadb_engine::{AuthReply, Config, MemoryBudget, Role};
 use oxadb_io::{AdbStream, Connection, Peer};
 use oxadb_wire::{feature, Banner};
 
@@ -24,6 +25,13 @@ pub struct ConnectOptions {
     pub authenticate: bool,
     /// How long to wait for TCP connect plus the CNXN exchange.
     pub timeout: Duration,
+    /// The receive-memory budget this connection's adaptive windows draw
+    /// from; `None` shares the process-wide one ([`oxadb_io::process_budget`],
+    /// sized from available memory like Linux's `tcp_mem`).
+    pub memory_budget: Option<Arc<MemoryBudget>>,
+    /// Headroom for clumped deliveries in adaptive windows (seed 004);
+    /// switch off only to measure what it brings.
+    pub ack_headroom: bool,
 }
 
 impl Default for ConnectOptions {
@@ -37,6 +45,8 @@ impl Default for ConnectOptions {
             },
             authenticate: true,
             timeout: Duration::from_secs(10),
+            memory_budget: None,
+            ack_headroom: true,
         }
     }
 }
@@ -64,6 +74,13 @@ impl Device {
         }
         let mut config = Config::new(Role::Host, banner);
         config.credit_policy = options.credit.policy();
+        config.memory_budget = Some(
+            options
+                .memory_budget
+                .clone()
+                .unwrap_or_else(oxadb_io::process_budget),
+        );
+        config.ack_headroom = options.ack_headroom;
         let connect_error = |source| Error::Connect {
             addr: serial.clone(),
             source,

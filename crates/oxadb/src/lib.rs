@@ -22,5 +22,6 @@ pub mod sync;
 
 pub use device::{ConnectOptions, CreditMode, Device};
 pub use error::{Error, Result};
+pub use oxadb_engine::{BudgetLimits, MemoryBudget};
 pub use oxadb_io::AdbStream;
 pub use shell::ShellOutput;

@@ -35,6 +35,14 @@ struct Args {
     /// (burst mode, credit grown from the measured rate and round trip).
     #[arg(long, global = true, value_name = "classic|aosp|adaptive")]
     credit: Option<oxadb::CreditMode>,
+    /// Receive memory this process's streams may commit together (e.g. 64M)
+    /// [default: 3/32 of the available memory, as Linux sizes tcp_mem].
+    #[arg(long, global = true, value_name = "SIZE", value_parser = oxadb_io::parse_size)]
+    memory_budget: Option<u64>,
+    /// Turn off the adaptive window's headroom for clumped deliveries (for
+    /// measuring what it brings).
+    #[arg(long, global = true)]
+    no_ack_headroom: bool,
     /// Log protocol details to stderr (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -137,6 +145,12 @@ async fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(credit) = args.credit {
         options.credit = credit;
     }
+    if let Some(limit) = args.memory_budget {
+        options.memory_budget = Some(std::sync::Arc::new(oxadb::MemoryBudget::new(
+            oxadb::BudgetLimits::from_limit(limit),
+        )));
+    }
+    options.ack_headroom = !args.no_ack_headroom;
     let device = Device::connect(&args.serial, &options).await?;
     let code = match &args.command {
         Command::Shell(shell) => cli::shell::shell(&device, shell).await?,

@@ -29,6 +29,8 @@ fn start_daemon(delayed_ack: bool) -> SocketAddr {
                 } else {
                     CreditMode::Classic
                 },
+                memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
+                ack_headroom: true,
             };
             oxadbd::server::serve(listener, config).await.unwrap();
         });

@@ -22,15 +22,19 @@ enum Mode {
     Burst,
     /// Both sides offer delayed_ack and grant AOSP's fixed credit.
     BurstAosp,
+    /// Burst mode against a daemon with a tiny memory budget (256 KiB: every
+    /// stream lives on its one-packet floor and a few KiB) and no headroom.
+    BurstTinyBudget,
     /// The daemon does not offer delayed_ack.
     ClassicDaemon,
     /// The host does not offer delayed_ack.
     ClassicHost,
 }
 
-const MODES: [Mode; 4] = [
+const MODES: [Mode; 5] = [
     Mode::Burst,
     Mode::BurstAosp,
+    Mode::BurstTinyBudget,
     Mode::ClassicDaemon,
     Mode::ClassicHost,
 ];
@@ -38,7 +42,7 @@ const MODES: [Mode; 4] = [
 impl Mode {
     fn daemon_credit(self) -> CreditMode {
         match self {
-            Mode::Burst | Mode::ClassicHost => CreditMode::Adaptive,
+            Mode::Burst | Mode::BurstTinyBudget | Mode::ClassicHost => CreditMode::Adaptive,
             Mode::BurstAosp => CreditMode::Aosp,
             Mode::ClassicDaemon => CreditMode::Classic,
         }
@@ -46,7 +50,7 @@ impl Mode {
 
     fn host_credit(self) -> CreditMode {
         match self {
-            Mode::Burst | Mode::ClassicDaemon => CreditMode::Adaptive,
+            Mode::Burst | Mode::BurstTinyBudget | Mode::ClassicDaemon => CreditMode::Adaptive,
             Mode::BurstAosp => CreditMode::Aosp,
             Mode::ClassicHost => CreditMode::Classic,
         }
@@ -76,19 +80,32 @@ async fn connect(mode: Mode) -> Setup {
         product_model: "t".into(),
         product_device: "t".into(),
         credit: mode.daemon_credit(),
+        memory_budget: if mode == Mode::BurstTinyBudget {
+            oxadbd::config::BudgetLimits::from_limit(256 << 10)
+        } else {
+            oxadbd::config::BudgetLimits::from_limit(256 << 20)
+        },
+        ack_headroom: mode != Mode::BurstTinyBudget,
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let options = ConnectOptions {
         credit: mode.host_credit(),
         authenticate: false,
         timeout: Duration::from_secs(10),
+        // The tiny budget applies to the host's receive windows (pulls) too.
+        memory_budget: (mode == Mode::BurstTinyBudget).then(|| {
+            std::sync::Arc::new(oxadb::MemoryBudget::new(
+                oxadbd::config::BudgetLimits::from_limit(256 << 10),
+            ))
+        }),
+        ack_headroom: mode != Mode::BurstTinyBudget,
     };
     let device = Device::connect(&listen.to_string(), &options)
         .await
         .unwrap();
     assert_eq!(
         device.burst_mode(),
-        matches!(mode, Mode::Burst | Mode::BurstAosp),
+        matches!(mode, Mode::Burst | Mode::BurstAosp | Mode::BurstTinyBudget),
         "{mode:?}"
     );
     Setup { device, server }

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use oxadb_engine::CreditMode;
+pub use oxadb_engine::{BudgetLimits, CreditMode};
 use oxadb_wire::{feature, Banner};
 use serde::Deserialize;
 use thiserror::Error;
@@ -51,6 +51,11 @@ pub struct FileConfig {
     pub delayed_ack: Option<bool>,
     /// `classic`, `aosp` or `adaptive`.
     pub credit: Option<String>,
+    /// The receive-memory budget of all streams, e.g. `"64M"`.
+    pub memory_budget: Option<String>,
+    /// `false` turns off the adaptive window's headroom for clumped
+    /// deliveries (for ablation runs).
+    pub ack_headroom: Option<bool>,
     /// Where this was read from, for error messages.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -72,6 +77,22 @@ impl FileConfig {
                 });
         }
         Ok((self.delayed_ack == Some(false)).then_some(CreditMode::Classic))
+    }
+
+    /// The `memory-budget` key, in bytes.
+    pub fn memory_budget(&self) -> Result<Option<u64>, ConfigError> {
+        self.memory_budget
+            .as_deref()
+            .map(|text| {
+                parse_size(text).map_err(|message| ConfigError::BadValue {
+                    path: self
+                        .path
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH)),
+                    message: format!("memory-budget: {message}"),
+                })
+            })
+            .transpose()
     }
 
     /// Loads `path`; a missing default file is not an error, a missing named one is.
@@ -107,6 +128,10 @@ pub struct DaemonConfig {
     pub product_device: String,
     /// Flow control offered; anything but `Classic` advertises `delayed_ack`.
     pub credit: CreditMode,
+    /// The levels of the receive-memory budget shared by every stream.
+    pub memory_budget: BudgetLimits,
+    /// Headroom for clumped deliveries in adaptive windows (seed 004).
+    pub ack_headroom: bool,
 }
 
 impl DaemonConfig {
@@ -148,6 +173,8 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
     }
     Ok(addr)
 }
+
+pub use oxadb_io::parse_size;
 
 /// `ro.product.name`: the distribution id from os-release, like "debian".
 pub fn default_product_name() -> String {
@@ -226,6 +253,8 @@ mod tests {
             product_model: "Board; rev=2".into(),
             product_device: "kiosk".into(),
             credit: CreditMode::Adaptive,
+            memory_budget: BudgetLimits::from_limit(64 << 20),
+            ack_headroom: true,
         };
         let banner = Banner::parse(config.banner().encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));
@@ -252,5 +281,13 @@ mod tests {
         let error = config.credit_mode().unwrap_err().to_string();
         assert!(error.contains("unknown credit mode 'fast'"), "{error}");
         assert!(toml::from_str::<FileConfig>("bogus = 1").is_err());
+        let config: FileConfig = toml::from_str("memory-budget = \"64M\"\n").unwrap();
+        assert_eq!(config.memory_budget().unwrap(), Some(64 << 20));
+        let config: FileConfig = toml::from_str("memory-budget = \"lots\"\n").unwrap();
+        let error = config.memory_budget().unwrap_err().to_string();
+        assert!(
+            error.contains("memory-budget: bad size \"lots\""),
+            "{error}"
+        );
     }
 }

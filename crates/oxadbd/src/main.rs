@@ -15,7 +15,8 @@ struct Args {
     #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
     /// Configuration file (TOML; keys: listen, shell, product-name,
-    /// product-model, product-device, credit, delayed-ack).
+    /// product-model, product-device, credit, delayed-ack, memory-budget,
+    /// ack-headroom).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -38,6 +39,16 @@ struct Args {
     /// from the measured rate and round trip) [default: adaptive].
     #[arg(long, value_name = "classic|aosp|adaptive")]
     credit: Option<oxadbd::config::CreditMode>,
+    /// Receive memory all streams together may commit (e.g. 64M); windows
+    /// stop growing at half of it, shrink above two thirds, and each stream
+    /// gets at most an eighth [default: 3/32 of the available memory, as
+    /// Linux sizes tcp_mem].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
+    memory_budget: Option<u64>,
+    /// Turn off the adaptive window's headroom for clumped deliveries (for
+    /// measuring what it brings).
+    #[arg(long)]
+    no_ack_headroom: bool,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -61,6 +72,7 @@ fn main() -> anyhow::Result<()> {
 
     let file = FileConfig::load(args.config.as_deref())?;
     let file_credit = file.credit_mode()?;
+    let file_budget = file.memory_budget()?;
     let listen = args
         .listen
         .or(file.listen)
@@ -88,6 +100,12 @@ fn main() -> anyhow::Result<()> {
         } else {
             args.credit.or(file_credit).unwrap_or_default()
         },
+        memory_budget: args
+            .memory_budget
+            .or(file_budget)
+            .map(config::BudgetLimits::from_limit)
+            .unwrap_or_else(oxadb_io::default_budget_limits),
+        ack_headroom: !args.no_ack_headroom && file.ack_headroom != Some(false),
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -99,6 +117,9 @@ fn main() -> anyhow::Result<()> {
         tracing::info!(
             shell = %config.shell.display(),
             credit = %config.credit,
+            memory_budget = config.memory_budget.limit,
+            per_stream_cap = config.memory_budget.per_stream_cap,
+            ack_headroom = config.ack_headroom,
             "listening on {local}"
         );
         use tokio::signal::unix::{signal, SignalKind};

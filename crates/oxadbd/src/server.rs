@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use oxadb_engine::{Config, Role};
+use oxadb_engine::{Config, MemoryBudget, Role};
 use oxadb_io::{Connection, Incoming};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -17,6 +17,9 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
     // The banner already leaves `delayed_ack` out when it is switched off.
     let mut engine_config = Config::new(Role::Device, config.banner());
     engine_config.credit_policy = config.credit.policy();
+    // One budget for every connection: the limit is per process (seed 003).
+    engine_config.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
+    engine_config.ack_headroom = config.ack_headroom;
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

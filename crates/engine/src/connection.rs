@@ -191,6 +191,11 @@ pub struct StreamStats {
     /// Delayed-ack credit we granted and the consumer has not taken yet:
     /// what the peer may have in flight or we may hold, bytes.
     pub credit_outstanding: Option<u64>,
+    /// Time our data waited for the peer's credit (OKAYs), nanoseconds.
+    pub credit_blocked_ns: u64,
+    /// Time the peer had no credit because our consumer had not read what
+    /// arrived, nanoseconds.
+    pub consumer_blocked_ns: u64,
     /// Adaptive policy: the smallest round trip measured, nanoseconds.
     pub min_rtt_ns: Option<u64>,
     /// Adaptive policy: the last measured consumption rate, bytes per second.
@@ -220,7 +225,38 @@ struct Stream {
     /// The application closed; CLSE goes out once `outgoing` is sent.
     closing: bool,
     writer_blocked: bool,
+    /// Since when data waits for credit from the peer (ns).
+    credit_blocked_since: Option<u64>,
+    /// Since when the peer waits for our consumer to free credit (ns).
+    consumer_blocked_since: Option<u64>,
     stats: StreamStats,
+}
+
+impl Stream {
+    /// Starts or ends the "waiting for credit" interval after a change.
+    fn note_credit(&mut self, now_ns: u64) {
+        let waiting = !self.outgoing.is_empty() && !self.send.can_send();
+        match (waiting, self.credit_blocked_since) {
+            (true, None) => self.credit_blocked_since = Some(now_ns),
+            (false, Some(since)) => {
+                self.stats.credit_blocked_ns += now_ns.saturating_sub(since);
+                self.credit_blocked_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts or ends the "waiting for our consumer" interval after a change.
+    fn note_consumer(&mut self, now_ns: u64) {
+        match (self.recv.withholding(), self.consumer_blocked_since) {
+            (true, None) => self.consumer_blocked_since = Some(now_ns),
+            (false, Some(since)) => {
+                self.stats.consumer_blocked_ns += now_ns.saturating_sub(since);
+                self.consumer_blocked_since = None;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// One connection.
@@ -329,7 +365,11 @@ impl Connection {
     }
 
     pub fn stream_stats(&self, id: StreamId) -> Option<StreamStats> {
+        let open_interval = |since: Option<u64>| since.map_or(0, |t| self.now_ns.saturating_sub(t));
         self.streams.get(&id.0).map(|s| StreamStats {
+            credit_blocked_ns: s.stats.credit_blocked_ns + open_interval(s.credit_blocked_since),
+            consumer_blocked_ns: s.stats.consumer_blocked_ns
+                + open_interval(s.consumer_blocked_since),
             window: s.recv.window(),
             headroom: s.recv.headroom(),
             credit_outstanding: s.recv.credit_outstanding(),
@@ -362,7 +402,9 @@ impl Connection {
             return RecvCredit::classic(local_buffer);
         }
         match self.config.credit_policy {
-            CreditPolicy::Aosp => RecvCredit::aosp(local_buffer),
+            CreditPolicy::Aosp => {
+                RecvCredit::aosp(local_buffer, u64::from(self.config.initial_credit))
+            }
             CreditPolicy::Adaptive { max_window } => {
                 let packet = u64::from(self.max_incoming_payload());
                 let params = AdaptiveParams {
@@ -397,6 +439,8 @@ impl Connection {
             peer_closed: false,
             closing: false,
             writer_blocked: false,
+            credit_blocked_since: None,
+            consumer_blocked_since: None,
             stats: StreamStats {
                 delayed_ack: self.delayed_ack(),
                 ..StreamStats::default()
@@ -624,6 +668,7 @@ impl Connection {
                 return Ok(());
             }
         }
+        stream.note_credit(self.now_ns);
         // Writers are only ever blocked by a full send buffer, which drains in
         // `poll_transmit`; credit just decides whether queued data may go out.
         if stream.send.can_send() && !stream.outgoing.is_empty() {
@@ -661,6 +706,9 @@ impl Connection {
             stream.incoming.push_back(payload);
         }
         self.queue_okays(local_id);
+        if let Some(stream) = self.streams.get_mut(&local_id) {
+            stream.note_consumer(self.now_ns);
+        }
         self.events.push_back(Event::Readable(StreamId(local_id)));
         Ok(())
     }
@@ -816,6 +864,9 @@ impl Connection {
         if taken > 0 {
             let was_empty = stream.outgoing.is_empty();
             stream.outgoing.extend_from_slice(&data[..taken]);
+            if stream.state == StreamState::Open {
+                stream.note_credit(self.now_ns);
+            }
             if was_empty && stream.state == StreamState::Open {
                 self.sendable.push_back(id.0);
             }
@@ -839,6 +890,9 @@ impl Connection {
         }
         let was_empty = stream.outgoing.is_empty();
         stream.outgoing.push_bytes(data);
+        if stream.state == StreamState::Open {
+            stream.note_credit(self.now_ns);
+        }
         if stream.outgoing.len() >= self.config.send_buffer {
             stream.writer_blocked = true;
         }
@@ -868,6 +922,9 @@ impl Connection {
         };
         stream.recv.on_consumed(chunk.len(), self.now_ns);
         self.queue_okays(id.0);
+        if let Some(stream) = self.streams.get_mut(&id.0) {
+            stream.note_consumer(self.now_ns);
+        }
         Ok(Read::Data(chunk))
     }
 
@@ -951,6 +1008,7 @@ impl Connection {
             let payload = stream.outgoing.take(max_payload);
             let len = payload.len();
             stream.send.on_sent(len);
+            stream.note_credit(self.now_ns);
             stream.stats.bytes_sent += len as u64;
             stream.stats.packets_sent += 1;
             let packet = Packet::new(Command::Wrte, local_id, stream.remote_id, payload);
@@ -991,6 +1049,8 @@ fn log_stream_closed(local_id: u32, stream: &Stream) {
         okays_received = stats.okays_received,
         window = stream.recv.window(),
         headroom = stream.recv.headroom(),
+        credit_blocked_us = stats.credit_blocked_ns / 1000,
+        consumer_blocked_us = stats.consumer_blocked_ns / 1000,
         min_rtt_us = stream.recv.min_rtt_ns().map(|ns| ns / 1000),
         consume_rate = stream.recv.rate(),
         "stream closed"

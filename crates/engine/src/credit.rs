@@ -142,6 +142,8 @@ enum RecvMode {
     Aosp {
         local_buffer: usize,
         acked: u64,
+        /// The fixed grant announced at open.
+        initial: u64,
     },
     Adaptive(AdaptiveWindow),
 }
@@ -252,11 +254,12 @@ impl RecvCredit {
         })
     }
 
-    /// AOSP burst mode; the initial grant is the caller's fixed credit.
-    pub fn aosp(local_buffer: usize) -> RecvCredit {
+    /// AOSP burst mode with the fixed grant `initial` announced at open.
+    pub fn aosp(local_buffer: usize, initial: u64) -> RecvCredit {
         RecvCredit::with_mode(RecvMode::Aosp {
             local_buffer,
             acked: 0,
+            initial,
         })
     }
 
@@ -376,6 +379,16 @@ impl RecvCredit {
         }
     }
 
+    /// Whether the sender has no credit left because our consumer has not
+    /// taken what arrived (the stream waits on the consumer).
+    pub fn withholding(&self) -> bool {
+        match &self.mode {
+            RecvMode::Classic { owed_okays, .. } => *owed_okays > 0,
+            RecvMode::Aosp { acked, initial, .. } => self.received >= initial + acked,
+            RecvMode::Adaptive(adaptive) => self.received >= adaptive.granted,
+        }
+    }
+
     /// Headroom currently added to the adaptive window (statistics).
     pub fn headroom(&self) -> Option<u64> {
         match &self.mode {
@@ -401,6 +414,7 @@ impl RecvCredit {
             RecvMode::Aosp {
                 local_buffer,
                 acked,
+                ..
             } => {
                 // Return what is flushed and not yet returned (AOSP returns
                 // credit per flush); bytes beyond the local buffer wait for
@@ -617,7 +631,7 @@ mod tests {
 
     #[test]
     fn delayed_receiver_returns_flushed_bytes() {
-        let mut credit = RecvCredit::aosp(100);
+        let mut credit = RecvCredit::aosp(100, 1 << 20);
         let mut out = Vec::new();
         credit.on_received(80, 0);
         credit.take_okays(&mut out, 0);

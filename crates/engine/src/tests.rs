@@ -727,3 +727,47 @@ fn streams_sharing_a_small_budget_stay_within_it_and_complete() {
         assert_eq!(budget.committed(), 0, "seed {seed}: budget leaked");
     }
 }
+
+/// A consumer that reads nothing for 10 ms stalls the sender for as long:
+/// the receiver counts it as time blocked on its consumer, the sender as
+/// time blocked on credit.
+#[test]
+fn blocked_time_is_charged_to_the_consumer_and_to_credit() {
+    let mut host_config = config(Role::Host, true);
+    host_config.max_payload = 64 * 1024;
+    host_config.send_buffer = 1 << 20;
+    let mut device_config = config(Role::Device, true);
+    device_config.max_payload = 64 * 1024;
+    let mut pair = Pair::new(host_config, device_config);
+    let (host_id, device_id) = pair.open("exec:cat");
+    let at = |pair: &mut Pair, ms: u64| {
+        let now = std::time::Duration::from_millis(ms);
+        pair.host.set_time(now);
+        pair.device.set_time(now);
+    };
+    at(&mut pair, 1);
+    pair.host.write(host_id, &pattern(1 << 20)).unwrap();
+    pair.drive();
+    // The two-packet window is full; nobody reads until 11 ms.
+    at(&mut pair, 11);
+    let device = pair.device.stream_stats(device_id).unwrap();
+    let host = pair.host.stream_stats(host_id).unwrap();
+    assert_eq!(device.consumer_blocked_ns, 10_000_000, "{device:?}");
+    assert_eq!(host.credit_blocked_ns, 10_000_000, "{host:?}");
+    let mut received = 0;
+    while received < 1 << 20 {
+        received += read_all(&mut pair.device, device_id).len();
+        pair.drive();
+    }
+    at(&mut pair, 20);
+    let device = pair.device.stream_stats(device_id).unwrap();
+    let host = pair.host.stream_stats(host_id).unwrap();
+    assert_eq!(
+        device.consumer_blocked_ns, 10_000_000,
+        "the consumer caught up at 11 ms"
+    );
+    assert_eq!(
+        host.credit_blocked_ns, 10_000_000,
+        "nothing waits after 11 ms"
+    );
+}

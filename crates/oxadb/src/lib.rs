@@ -23,5 +23,5 @@ pub mod sync;
 pub use device::{ConnectOptions, CreditMode, Device};
 pub use error::{Error, Result};
 pub use oxadb_engine::{BudgetLimits, MemoryBudget};
-pub use oxadb_io::AdbStream;
+pub use oxadb_io::{AdbStream, StreamStats};
 pub use shell::ShellOutput;

@@ -269,3 +269,66 @@ fn interrupted_pull_leaves_no_temporary_file() {
     );
     assert_eq!(std::fs::read(&dest).unwrap(), b"previous contents");
 }
+
+#[test]
+fn push_and_pull_print_stream_stats_on_request() {
+    for (daemon_burst, host_burst) in modes() {
+        let addr = start_daemon(daemon_burst);
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("data.bin");
+        std::fs::write(&source, vec![0x5a; 3 << 20]).unwrap();
+        let remote = dir.path().join("remote.bin");
+        let output = oxadb(
+            addr,
+            host_burst,
+            &[
+                "push",
+                "--stats",
+                source.to_str().unwrap(),
+                remote.to_str().unwrap(),
+            ],
+        );
+        assert!(output.status.success(), "{output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let burst = daemon_burst && host_burst;
+        let mode = if burst {
+            "flow control delayed_ack (burst mode)"
+        } else {
+            "flow control classic (one packet in flight)"
+        };
+        assert!(text.contains(mode), "{text}");
+        // Three MiB of file data went out, plus the sync framing.
+        let sent: u64 = text
+            .split("sent ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no byte count in {text}"));
+        assert!((3 << 20..(3 << 20) + 4096).contains(&sent), "{text}");
+        assert!(text.contains("blocked on credit "), "{text}");
+        assert_eq!(text.contains("our receive window "), burst, "{text}");
+
+        let back = dir.path().join("back.bin");
+        let output = oxadb(
+            addr,
+            host_burst,
+            &[
+                "pull",
+                "--stats",
+                remote.to_str().unwrap(),
+                back.to_str().unwrap(),
+            ],
+        );
+        assert!(output.status.success(), "{output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(text.contains(" bytes in "), "{text}");
+        assert_eq!(std::fs::read(&back).unwrap().len(), 3 << 20);
+        // Without --stats nothing but the summary is printed.
+        let output = oxadb(
+            addr,
+            host_burst,
+            &["pull", remote.to_str().unwrap(), back.to_str().unwrap()],
+        );
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("stream stats"));
+    }
+}

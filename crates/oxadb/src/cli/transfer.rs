@@ -48,6 +48,11 @@ pub struct PushArgs {
     /// Suppress the progress bar and the summary lines.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// After the summary, print the sync stream's flow-control statistics:
+    /// bytes and packets, time blocked on credit and on the consumer, window,
+    /// round trip and rate.
+    #[arg(long)]
+    pub stats: bool,
     /// Ignored (accepted by adb for compatibility).
     #[arg(short = 'p', hide = true)]
     pub compat_p: bool,
@@ -78,6 +83,7 @@ pub struct PullArgs {
     pub compression: Option<Compression>,
     pub no_compression: bool,
     pub quiet: bool,
+    pub stats: bool,
 }
 
 impl PullArgs {
@@ -120,6 +126,11 @@ struct PullArgsRaw {
     /// Suppress the progress bar and the summary lines.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// After the summary, print the sync stream's flow-control statistics:
+    /// bytes and packets, time blocked on credit and on the consumer, window,
+    /// round trip and rate.
+    #[arg(long)]
+    stats: bool,
     /// Ignored (accepted by adb for compatibility).
     #[arg(short = 'p', hide = true)]
     compat_p: bool,
@@ -152,6 +163,7 @@ impl clap::FromArgMatches for PullArgs {
             compression: raw.compression,
             no_compression: raw.no_compression,
             quiet: raw.quiet,
+            stats: raw.stats,
         })
     }
 
@@ -186,7 +198,7 @@ pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         features: None,
     };
-    let mut reporter = Reporter::new(Direction::Push, args.quiet);
+    let mut reporter = Reporter::new(Direction::Push, args.quiet, args.stats);
     let result = sync::push(
         device,
         &args.sources,
@@ -205,7 +217,7 @@ pub async fn pull(device: &Device, args: &PullArgs) -> anyhow::Result<()> {
         compression: args.compression(),
         features: None,
     };
-    let mut reporter = Reporter::new(Direction::Pull, args.quiet);
+    let mut reporter = Reporter::new(Direction::Pull, args.quiet, args.stats);
     let result = sync::pull(
         device,
         &args.sources,
@@ -221,6 +233,8 @@ pub async fn pull(device: &Device, args: &PullArgs) -> anyhow::Result<()> {
 struct Reporter {
     direction: Direction,
     quiet: bool,
+    /// `--stats`: print the stream statistics after the summary.
+    stats: bool,
     interactive: bool,
     bar: Option<ProgressBar>,
     started: Instant,
@@ -229,13 +243,14 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn new(direction: Direction, quiet: bool) -> Reporter {
+    fn new(direction: Direction, quiet: bool, stats: bool) -> Reporter {
         let interactive = !quiet
             && std::io::stderr().is_terminal()
             && std::env::var_os("TERM").is_some_and(|term| term != "dumb");
         Reporter {
             direction,
             quiet,
+            stats,
             interactive,
             bar: None,
             started: Instant::now(),
@@ -267,6 +282,13 @@ impl Reporter {
         };
         if !self.quiet && !total.same_counts(&self.last_source) {
             println!("{}", total.report("", self.direction));
+        }
+        if self.stats {
+            if let Ok(total) = &result {
+                for line in total.stats_report() {
+                    println!("{line}");
+                }
+            }
         }
         match result {
             Ok(_) => Ok(()),

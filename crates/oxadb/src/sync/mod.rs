@@ -243,6 +243,10 @@ pub struct TransferSummary {
     /// File content bytes moved (uncompressed size).
     pub bytes: u64,
     pub elapsed: Duration,
+    /// Flow-control statistics of the sync stream that carried the transfer
+    /// (the last one, if a failure made it reopen), when it is known: in the
+    /// total of a [`push`] or [`pull`], not in each source's summary.
+    pub stream: Option<crate::StreamStats>,
 }
 
 impl TransferSummary {
@@ -277,6 +281,61 @@ impl TransferSummary {
 
     /// Whether the counters (not the time) are equal: adb prints the total line
     /// only when it differs from the last source's line in this sense.
+    /// The stream statistics as lines for `--stats`: bytes and packets each
+    /// way, time blocked on credit and on the consumer, and (adaptive credit)
+    /// window, headroom, round trip and consumption rate.
+    pub fn stats_report(&self) -> Vec<String> {
+        let Some(stats) = &self.stream else {
+            return vec!["stream stats: not available (no sync stream was used)".to_string()];
+        };
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let mut lines = vec![
+            format!(
+                "stream stats: flow control {}",
+                if stats.delayed_ack {
+                    "delayed_ack (burst mode)"
+                } else {
+                    "classic (one packet in flight)"
+                }
+            ),
+            format!(
+                "  sent {} bytes in {} packets, received {} bytes in {} packets; OKAYs sent {}, received {}",
+                stats.bytes_sent,
+                stats.packets_sent,
+                stats.bytes_received,
+                stats.packets_received,
+                stats.okays_sent,
+                stats.okays_received
+            ),
+            format!(
+                "  blocked on credit {:.1} ms, on the consumer {:.1} ms (of {:.1} ms)",
+                ms(stats.credit_blocked_ns),
+                ms(stats.consumer_blocked_ns),
+                self.elapsed.as_secs_f64() * 1e3
+            ),
+        ];
+        if let Some(window) = stats.window {
+            lines.push(format!(
+                "  our receive window {} bytes (headroom {}), min RTT {}, our consumption rate {}",
+                window,
+                stats.headroom.unwrap_or(0),
+                stats
+                    .min_rtt_ns
+                    .map_or("not measured".to_string(), |ns| format!(
+                        "{:.0} us",
+                        ns as f64 / 1e3
+                    )),
+                stats
+                    .consume_rate
+                    .map_or("not measured".to_string(), |rate| format!(
+                        "{:.1} MB/s",
+                        rate as f64 / 1e6
+                    ))
+            ));
+        }
+        lines
+    }
+
     pub fn same_counts(&self, other: &TransferSummary) -> bool {
         self.files_transferred == other.files_transferred
             && self.files_skipped == other.files_skipped
@@ -513,6 +572,7 @@ mod tests {
             files_skipped: 0,
             bytes: 1024 * 1024,
             elapsed: Duration::from_millis(500),
+            stream: None,
         };
         assert_eq!(
             summary.report("a.txt", Direction::Push),

@@ -204,6 +204,7 @@ impl Tally {
         started: Instant,
     ) -> Result<TransferSummary> {
         if let Some(session) = session {
+            self.total.stream = session.stream_stats();
             if !session.is_ended() {
                 if let Err(error) = session.quit().await {
                     self.errors.push(error.to_string());

@@ -175,6 +175,11 @@ impl SyncSession {
         })
     }
 
+    /// Flow-control statistics of the session's stream so far.
+    pub fn stream_stats(&self) -> Option<crate::StreamStats> {
+        self.stream.stats()
+    }
+
     /// The protocol extensions this session uses.
     /// The session in `slot`, or a new one when there is none or the device
     /// ended it (a failed transfer ends adbd's sync service).
@@ -369,6 +374,7 @@ impl SyncSession {
             files_skipped: 0,
             bytes,
             elapsed: started.elapsed(),
+            stream: self.stream_stats(),
         })
     }
 

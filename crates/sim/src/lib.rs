@@ -1,0 +1,10 @@
+//! A deterministic link simulator for oxadb's flow control.
+//!
+//! Two real engines (`oxadb-engine`) push data to each other over modelled
+//! links: no sockets, no threads, no wall clock, only a discrete-event loop
+//! in virtual nanoseconds. It shows how the credit policies (classic
+//! stop-and-wait, AOSP's fixed 32 MiB, the adaptive window) behave on links
+//! we cannot plug in: USB 3, Wi-Fi, a long-haul WAN.
+pub mod link;
+
+pub use link::Link;

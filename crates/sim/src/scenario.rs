@@ -135,8 +135,8 @@ pub struct Outcome {
     pub completed: bool,
     /// When the first stream opened (the host starts writing), ns.
     pub started_ns: u64,
-    /// From `started_ns` to the last byte consumed (to the time limit, or to
-    /// the last event, for an incomplete run).
+    /// From `started_ns` to the last byte consumed, and processed for a slow
+    /// consumer (to the time limit, or to the last event, for an incomplete run).
     pub elapsed_ns: u64,
     pub bytes_delivered: u64,
     /// Bytes consumed per second over `elapsed_ns`.

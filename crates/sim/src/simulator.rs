@@ -112,6 +112,9 @@ struct ReceiverStream {
     accepted: bool,
     /// Bytes a slow consumer may still read in this tick.
     allowance: u64,
+    /// When the consumer is done with what it read (a slow consumer reads a
+    /// tick's worth at once but takes the tick to process it).
+    busy_until: u64,
     peak_buffered: u64,
     peak_window: Option<u64>,
     peak_over_grant: i64,
@@ -281,6 +284,16 @@ impl<'a> Simulation<'a> {
         }
     }
 
+    /// How long the consumer takes to process `bytes` it has read.
+    fn processing_ns(&self, bytes: u64) -> u64 {
+        match self.scenario.consumer {
+            Consumer::Slow { bytes_per_sec } => {
+                (bytes as u128 * NS_PER_SEC as u128 / bytes_per_sec.max(1) as u128) as u64
+            }
+            Consumer::Fast | Consumer::Stalling { .. } => 0,
+        }
+    }
+
     /// Lets both applications and both engines act at `now` until nothing changes.
     fn settle(&mut self) {
         self.sample();
@@ -346,9 +359,11 @@ impl<'a> Simulation<'a> {
                     consumed: 0,
                     finished_ns: None,
                     accepted: false,
-                    // A new stream gets a whole tick's worth: its consumer
-                    // is ready the moment it is accepted.
-                    allowance: self.allowance_per_tick(),
+                    // What is left of the current tick: the consumer is
+                    // ready the moment the stream is accepted.
+                    allowance: self.allowance_per_tick() * (SLOW_TICK_NS - self.now % SLOW_TICK_NS)
+                        / SLOW_TICK_NS,
+                    busy_until: 0,
                     peak_buffered: 0,
                     peak_window: None,
                     peak_over_grant: i64::MIN,
@@ -416,7 +431,7 @@ impl<'a> Simulation<'a> {
                     if self.device.read(receiver.id, usize::MAX) == Ok(Read::Eof) {
                         receiver.engine_stats = self.device.stream_stats(receiver.id);
                         self.device.close(receiver.id);
-                        receiver.finished_ns = Some(self.now);
+                        receiver.finished_ns = Some(self.now.max(receiver.busy_until));
                         progress = true;
                     }
                     break;
@@ -431,7 +446,8 @@ impl<'a> Simulation<'a> {
                 let len = chunk.len() as u64;
                 receiver.consumed += len;
                 receiver.allowance = receiver.allowance.saturating_sub(len);
-                self.last_consumed_ns = self.now;
+                receiver.busy_until = self.now.max(receiver.busy_until) + self.processing_ns(len);
+                self.last_consumed_ns = self.last_consumed_ns.max(receiver.busy_until);
                 progress = true;
             }
         }

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
 mod receive_paths;
+mod simulate;
 mod stream;
 
 #[derive(Parser)]
@@ -50,6 +51,17 @@ enum Bench {
         /// A tmpfs directory for the source and the copy.
         #[arg(long, default_value = "/dev/shm")]
         workdir: PathBuf,
+    },
+    /// Every credit policy on every modelled link (loopback, USB 3, Wi-Fi,
+    /// WAN) with fast, slow and stalling consumers, in the deterministic
+    /// link simulator: virtual time, two real engines, no sockets.
+    Simulate {
+        /// Bytes pushed per run.
+        #[arg(long, default_value = "256M", value_parser = parse_size)]
+        size: u64,
+        /// Write each run's buffered-bytes time series here as CSV.
+        #[arg(long)]
+        series_dir: Option<PathBuf>,
     },
 }
 
@@ -96,6 +108,7 @@ fn main() -> Result<()> {
             runs,
             workdir,
         } => receive_paths_bench(size, runs, &workdir),
+        Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
     }
 }
 

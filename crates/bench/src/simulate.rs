@@ -1,0 +1,191 @@
+//! `simulate`: every credit policy on every modelled link, run in the
+//! deterministic link simulator (`oxadb-sim`). Virtual time, so the numbers
+//! are the policies' and the links', not this machine's.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use oxadb_engine::CreditMode;
+use oxadb_sim::{run, Consumer, Link, Outcome, Scenario};
+use oxadb_wire::MAX_PAYLOAD;
+
+const POLICIES: [CreditMode; 3] = [CreditMode::Classic, CreditMode::Aosp, CreditMode::Adaptive];
+const MIB: f64 = (1 << 20) as f64;
+const MS: u64 = 1_000_000;
+
+/// A consumer, as a table heading and how it is built for a link.
+struct ConsumerKind {
+    title: &'static str,
+    for_link: fn(&Link) -> Consumer,
+}
+
+const CONSUMERS: [ConsumerKind; 3] = [
+    ConsumerKind {
+        title: "Fast consumer",
+        for_link: |_| Consumer::Fast,
+    },
+    ConsumerKind {
+        title: "Slow consumer (a quarter of the link's payload rate)",
+        for_link: |link| Consumer::quarter_of(link, MAX_PAYLOAD),
+    },
+    ConsumerKind {
+        title: "Stalling consumer (fast, but reads nothing for 50 ms of every 100 ms)",
+        for_link: |_| Consumer::stalling(),
+    },
+];
+
+pub fn simulate(size: u64, series_dir: Option<&Path>) -> Result<()> {
+    let wall = Instant::now();
+    if let Some(dir) = series_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    println!(
+        "Push of {} MiB host to device, 1 MiB packets, virtual time. Links:\n",
+        size >> 20
+    );
+    for link in Link::all() {
+        println!(
+            "- {}: {:.1} MB/s raw ({:.1} MB/s of payload), {} us round trip, {} us per packet, arrivals batched every {} us",
+            link.name,
+            link.rate as f64 / 1e6,
+            link.payload_rate(MAX_PAYLOAD as usize) / 1e6,
+            link.round_trip_ns() / 1000,
+            link.per_transfer_overhead_ns / 1000,
+            link.batch_interval_ns / 1000,
+        );
+    }
+    println!(
+        "\nMB/s and % of link count payload bytes consumed from the first stream's \
+         opening to the last byte consumed; peak buffered is the most the device \
+         held unread; OKAYs sent include the one accepting each stream."
+    );
+    for kind in &CONSUMERS {
+        println!("\n### {}, one stream\n", kind.title);
+        println!("| link | policy | MB/s | % of link | peak buffered MiB | OKAYs sent | done |");
+        println!("|---|---|---:|---:|---:|---:|---|");
+        for link in Link::all() {
+            for policy in POLICIES {
+                let scenario = Scenario::new(link, (kind.for_link)(&link), policy, size);
+                let outcome = run(&scenario);
+                println!("| {} | {} | {}", link.name, policy, measurements(&outcome));
+                if let Some(dir) = series_dir {
+                    write_series(dir, &scenario, &outcome)?;
+                }
+            }
+        }
+    }
+    shared_link(size);
+    ablations(size);
+    println!(
+        "\nSimulation wall-clock time: {:.2} s",
+        wall.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Three streams, each with its own consumer, behind a sender that queues
+/// at most one packet on the link (as a socket buffer would), so that the
+/// engine's round robin decides who sends.
+fn shared_link(size: u64) {
+    println!("\n### Three streams sharing the link, sender queue 1 MiB\n");
+    println!("Consumers read per stream; the spread is how much earlier the first stream finished than the last.\n");
+    println!("| link | consumer | policy | MB/s | % of link | peak buffered MiB | OKAYs sent | done | finish spread |");
+    println!("|---|---|---|---:|---:|---:|---:|---|---:|");
+    for link in Link::all() {
+        for kind in &CONSUMERS[..2] {
+            for policy in POLICIES {
+                let mut scenario = Scenario::new(link, (kind.for_link)(&link), policy, size);
+                scenario.streams = 3;
+                scenario.sender_queue_limit = Some(u64::from(MAX_PAYLOAD));
+                let outcome = run(&scenario);
+                let finished: Vec<u64> = outcome
+                    .streams
+                    .iter()
+                    .filter_map(|s| s.finished_ns)
+                    .collect();
+                let spread = match (finished.iter().min(), finished.iter().max()) {
+                    (Some(first), Some(last)) if *last > outcome.started_ns => {
+                        let span = (last - outcome.started_ns) as f64;
+                        format!("{:.0}%", (last - first) as f64 * 100.0 / span)
+                    }
+                    _ => "-".into(),
+                };
+                println!(
+                    "| {} | {} | {} | {} {spread} |",
+                    link.name,
+                    scenario.consumer.name(),
+                    policy,
+                    measurements(&outcome)
+                );
+            }
+        }
+    }
+}
+
+/// The receiver delaying its window updates (seed 002's smoltcp bug) and,
+/// for the adaptive policy, running without ack headroom.
+fn ablations(size: u64) {
+    println!("\n### Ablations, fast consumer, one stream\n");
+    println!(
+        "| link | policy | variant | MB/s | % of link | peak buffered MiB | OKAYs sent | done |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---|");
+    for link in Link::all() {
+        for policy in POLICIES {
+            let base = Scenario::new(link, Consumer::Fast, policy, size);
+            let mut variants = vec![(
+                "window updates every 10 ms",
+                Scenario {
+                    delayed_updates: Some(10 * MS),
+                    ..base.clone()
+                },
+            )];
+            if policy == CreditMode::Adaptive {
+                variants.push((
+                    "no ack headroom",
+                    Scenario {
+                        ack_headroom: false,
+                        ..base.clone()
+                    },
+                ));
+            }
+            for (variant, scenario) in variants {
+                println!(
+                    "| {} | {} | {variant} | {}",
+                    link.name,
+                    policy,
+                    measurements(&run(&scenario))
+                );
+            }
+        }
+    }
+}
+
+/// The columns every table shares, from MB/s to done.
+fn measurements(outcome: &Outcome) -> String {
+    format!(
+        "{:.1} | {:.1}% | {:.1} | {} | {} |",
+        outcome.throughput / 1e6,
+        outcome.link_utilisation * 100.0,
+        outcome.peak_buffered as f64 / MIB,
+        outcome.okays_sent,
+        if outcome.completed { "yes" } else { "NO" },
+    )
+}
+
+/// One CSV per run: the most bytes buffered in each millisecond.
+fn write_series(dir: &Path, scenario: &Scenario, outcome: &Outcome) -> Result<()> {
+    let path = dir.join(format!(
+        "{}-{}-{}.csv",
+        scenario.link.name,
+        scenario.policy,
+        scenario.consumer.name()
+    ));
+    let mut text = String::from("time_ns,buffered_bytes\n");
+    for (time, buffered) in &outcome.series {
+        writeln!(text, "{time},{buffered}")?;
+    }
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}

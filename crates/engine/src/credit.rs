@@ -177,6 +177,8 @@ pub struct AdaptiveWindow {
     reserved: u64,
     /// `None` when headroom is switched off.
     headroom: Option<AckHeadroom>,
+    /// Whether the consumer's last read emptied the buffer.
+    consumer_kept_up: bool,
     /// Total bytes the sender may send: the initial grant plus every OKAY.
     granted: u64,
     /// Smallest round trip seen (ns): the open handshake, then each OKAY that
@@ -184,8 +186,8 @@ pub struct AdaptiveWindow {
     min_rtt_ns: Option<u64>,
     /// When an OKAY released an exhausted sender (ns); the next WRTE ends the probe.
     probe_started_ns: Option<u64>,
-    /// Start of the current consumption-rate interval: (time ns, consumed).
-    rate_mark: (u64, u64),
+    /// Start of the current rate interval: (time ns, consumed, received).
+    rate_mark: (u64, u64, u64),
     /// Last measured consumption rate, bytes per second.
     rate: u64,
 }
@@ -238,6 +240,11 @@ impl AckHeadroom {
         *slot = (*slot).max(extra);
     }
 
+    fn restart_epoch(&mut self, now_ns: u64) {
+        self.epoch_start_ns = now_ns;
+        self.epoch_bytes = 0;
+    }
+
     /// Capped by the window itself and by rate x 100 ms (seed 004).
     fn headroom(&self, rate: u64, window: u64) -> u64 {
         let by_time = (rate as u128 * MAX_HEADROOM_NS as u128 / 1_000_000_000) as u64;
@@ -282,10 +289,11 @@ impl RecvCredit {
             budget: params.budget,
             reserved,
             headroom: params.ack_headroom.then(AckHeadroom::default),
+            consumer_kept_up: true,
             granted: window,
             min_rtt_ns: None,
             probe_started_ns: None,
-            rate_mark: (now_ns, 0),
+            rate_mark: (now_ns, 0, 0),
             rate: 0,
         }))
     }
@@ -362,10 +370,11 @@ impl RecvCredit {
     }
 
     pub fn on_received(&mut self, bytes: usize, now_ns: u64) {
+        let backlog = self.buffered() as u64;
         self.received += bytes as u64;
         match &mut self.mode {
             RecvMode::Classic { owed_okays, .. } => *owed_okays += 1,
-            RecvMode::Adaptive(adaptive) => adaptive.on_delivered(bytes as u64, now_ns),
+            RecvMode::Adaptive(adaptive) => adaptive.on_delivered(bytes as u64, backlog, now_ns),
             RecvMode::Aosp { .. } => {}
         }
         self.end_rtt_probe(now_ns);
@@ -374,7 +383,8 @@ impl RecvCredit {
     pub fn on_consumed(&mut self, bytes: usize, now_ns: u64) {
         self.consumed += bytes as u64;
         if let RecvMode::Adaptive(adaptive) = &mut self.mode {
-            adaptive.measure_rate(self.consumed, now_ns);
+            adaptive.measure_rate(self.consumed, self.received, now_ns);
+            adaptive.consumer_kept_up = self.consumed == self.received;
             adaptive.release_consumed(self.consumed);
         }
     }
@@ -439,6 +449,14 @@ impl RecvCredit {
                 if usable > 0 && (increase as i64) < usable {
                     return;
                 }
+                // An update that leaves the sender still blocked (after its
+                // one-packet overshoot, a slow consumer frees a few KiB at a
+                // time) only costs a packet: wait until it unblocks. Without
+                // this a 256 MiB push over a 50 ms WAN into a slow consumer
+                // sent 53,466 OKAYs (classic: 256).
+                if usable + (increase as i64) <= 0 {
+                    return;
+                }
                 // The budget has the last word: beyond the floor, a grant is
                 // only as large as what is left of it.
                 increase = adaptive.reserve_for_grant(increase, self.consumed);
@@ -483,10 +501,19 @@ impl AdaptiveWindow {
         }
     }
 
-    fn on_delivered(&mut self, bytes: u64, now_ns: u64) {
+    /// `backlog`: what the consumer had not taken when these bytes arrived.
+    fn on_delivered(&mut self, bytes: u64, backlog: u64, now_ns: u64) {
         let (Some(headroom), Some(rtt)) = (self.headroom.as_mut(), self.min_rtt_ns) else {
             return;
         };
+        if backlog > self.floor || !self.consumer_kept_up {
+            // The consumer, not the link, is the bottleneck: data bunching up
+            // behind it is no sign of clumped delivery, and headroom would
+            // only hold more of it (the simulator's slow consumer buffered
+            // 5 MiB instead of 3 until this check).
+            headroom.restart_epoch(now_ns);
+            return;
+        }
         if self.rate > 0 {
             headroom.on_delivered(bytes, now_ns, self.rate, rtt, self.window);
         }
@@ -531,17 +558,23 @@ impl AdaptiveWindow {
     /// round trip, the window grows to twice the bytes consumed per round
     /// trip (rate x RTT is what must be in flight; twice leaves room for the
     /// rate to double before the next measurement). It never shrinks here.
-    fn measure_rate(&mut self, consumed: u64, now_ns: u64) {
+    fn measure_rate(&mut self, consumed: u64, received: u64, now_ns: u64) {
         let Some(rtt) = self.min_rtt_ns else {
             return;
         };
-        let (mark_ns, mark_consumed) = self.rate_mark;
+        let (mark_ns, mark_consumed, mark_received) = self.rate_mark;
         let elapsed = now_ns.saturating_sub(mark_ns);
         if elapsed < rtt.max(MIN_RATE_INTERVAL_NS) {
             return;
         }
-        self.rate = ((consumed - mark_consumed) as u128 * 1_000_000_000 / elapsed as u128) as u64;
-        self.rate_mark = (now_ns, consumed);
+        // What both the link delivered and the consumer took: a consumer
+        // draining a backlog after a stall reads faster than anything can
+        // arrive, and counting that ratcheted the window up to its cap (the
+        // simulator's stalling consumer on usb3: 1.57 GB/s "measured" on a
+        // 614 MB/s link, window doubled after every stall).
+        let moved = (consumed - mark_consumed).min(received - mark_received);
+        self.rate = (moved as u128 * 1_000_000_000 / elapsed as u128) as u64;
+        self.rate_mark = (now_ns, consumed, received);
         // Seed 003: above the comfortable level of the budget, windows stop growing.
         if self
             .budget
@@ -822,5 +855,39 @@ mod tests {
         // caps the headroom (seed 004: never more than the window itself).
         assert!(steady <= 20_000, "steady arrivals earned {steady}");
         assert_eq!(clumped, 200_000, "clumps of 800 kB earned {clumped}");
+    }
+
+    /// After the sender's one-packet overshoot, a consumer that frees a
+    /// little at a time gets no OKAY until the sender can send again.
+    #[test]
+    fn adaptive_sends_no_update_that_leaves_the_sender_blocked() {
+        let mut credit = adaptive(1000, 1 << 20);
+        let mut okays = Vec::new();
+        credit.on_received(1500, 0);
+        credit.on_consumed(100, 0);
+        credit.take_okays(&mut okays, 0);
+        assert!(okays.is_empty(), "still 400 bytes short: {okays:?}");
+        credit.on_consumed(1400, 0);
+        credit.take_okays(&mut okays, 0);
+        assert_eq!(okays, vec![Some(1500)], "unblocked with the whole window");
+    }
+
+    /// A backlog read at once after a stall is not a rate the link delivered.
+    #[test]
+    fn adaptive_rate_counts_what_arrived_not_a_drained_backlog() {
+        let mut credit = adaptive(1 << 20, 64 << 20);
+        credit.start_rtt_probe(0);
+        credit.end_rtt_probe(1_000_000);
+        // 1 MiB arrives within the first millisecond and sits unread...
+        credit.on_received(1 << 20, 1_000_000);
+        credit.on_consumed(1, 1_000_000);
+        // ...then, 1 ms later with nothing more arriving, all of it is read
+        // in one go: 1 GB/s of reading, nothing delivered.
+        credit.on_consumed((1 << 20) - 1, 2_000_000);
+        let rate = credit.rate().unwrap();
+        assert!(
+            rate < 1_000_000,
+            "nothing arrived in that millisecond, measured {rate} B/s"
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use oxadb_engine::CreditMode;
-use oxadb_sim::{run, Consumer, Link, Outcome, Scenario};
+use oxadb_sim::{run, seed_cases, Consumer, Link, Outcome, Scenario};
 use oxadb_wire::MAX_PAYLOAD;
 
 const POLICIES: [CreditMode; 3] = [CreditMode::Classic, CreditMode::Aosp, CreditMode::Adaptive];
@@ -78,6 +78,7 @@ pub fn simulate(size: u64, series_dir: Option<&Path>) -> Result<()> {
     }
     shared_link(size);
     ablations(size);
+    seed_scenarios(size);
     println!(
         "\nSimulation wall-clock time: {:.2} s",
         wall.elapsed().as_secs_f64()
@@ -188,4 +189,27 @@ fn write_series(dir: &Path, scenario: &Scenario, outcome: &Outcome) -> Result<()
         writeln!(text, "{time},{buffered}")?;
     }
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn seed_scenarios(size: u64) {
+    println!("\n### Seed scenarios\n");
+    println!(
+        "Each row is two runs that differ in one thing; the ratio is the documented effect.\n"
+    );
+    println!("| seed | comparison | with MB/s | without MB/s | ratio | peak buffered MiB with / without |");
+    println!("|---|---|---:|---:|---:|---|");
+    for case in seed_cases(size) {
+        let with = run(&case.with);
+        let without = run(&case.without);
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.1} / {:.1} |",
+            case.seed,
+            case.what,
+            with.throughput / 1e6,
+            without.throughput / 1e6,
+            with.throughput / without.throughput,
+            with.peak_buffered as f64 / MIB,
+            without.peak_buffered as f64 / MIB,
+        );
+    }
 }

@@ -15,8 +15,10 @@
 //! ```
 pub mod link;
 pub mod scenario;
+pub mod seeds;
 mod simulator;
 
 pub use link::Link;
 pub use scenario::{Consumer, Outcome, Scenario, StreamOutcome, SLOW_TICK_NS};
+pub use seeds::{seed_cases, SeedCase};
 pub use simulator::run;

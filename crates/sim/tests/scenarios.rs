@@ -248,3 +248,33 @@ fn streams_sharing_a_link_finish_together() {
         }
     }
 }
+
+/// Each seed's effect, in the direction and at about the size the seed
+/// documents (000: 1.7x on a USB-3 phone; 002: 0.8 -> 15 Gbit/s; 003: half
+/// the rate with too small a buffer; 004: 1.6x on 5 GHz Wi-Fi).
+#[test]
+fn the_seed_scenarios_show_their_documented_effects() {
+    let minimum = |seed: &str| match seed {
+        "000" => 1.6,
+        "002" => 10.0,
+        "003" => 2.0,
+        "004" => 1.3,
+        other => panic!("no expectation for seed {other}"),
+    };
+    let cases = oxadb_sim::seed_cases(128 * MIB);
+    assert_eq!(cases.len(), 4);
+    for case in cases {
+        let with = run(&case.with);
+        let without = run(&case.without);
+        assert!(with.completed && without.completed, "{}", case.what);
+        let ratio = with.throughput / without.throughput;
+        assert!(
+            ratio >= minimum(case.seed),
+            "seed {} ({}): {ratio:.2}x; with: {}; without: {}",
+            case.seed,
+            case.what,
+            describe(&case.with, &with),
+            describe(&case.without, &without)
+        );
+    }
+}

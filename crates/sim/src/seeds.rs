@@ -1,0 +1,63 @@
+//! The seeds' documented effects (`../shared/seeds/` in the design notes),
+//! each reproduced as two simulated runs that differ in one thing.
+
+use oxadb_engine::CreditMode;
+
+use crate::{Consumer, Link, Scenario};
+
+const MS: u64 = 1_000_000;
+
+/// One line per seed: the effect the seed documents, as a ratio of two runs.
+pub struct SeedCase {
+    pub seed: &'static str,
+    pub what: &'static str,
+    pub with: Scenario,
+    pub without: Scenario,
+}
+
+/// The documented effect of each seed (`../shared/seeds/`), reproduced as a
+/// pair of runs that differ in one thing.
+pub fn seed_cases(size: u64) -> Vec<SeedCase> {
+    let fast = |link: Link, policy: CreditMode| Scenario::new(link, Consumer::Fast, policy, size);
+    // 002 and 004 hold every OKAY after the accepting one for a 10 ms timer:
+    // a receiver that delays its window updates (002), which the sender sees
+    // as acknowledgements arriving in clumps (004).
+    let held = |mut scenario: Scenario| {
+        scenario.delayed_updates = Some(10 * MS);
+        scenario
+    };
+    let no_headroom = |mut scenario: Scenario| {
+        scenario.ack_headroom = false;
+        scenario
+    };
+    let budget = |mut scenario: Scenario, limit: u64| {
+        scenario.budget_limit = Some(limit);
+        scenario
+    };
+    vec![
+        SeedCase {
+            seed: "000",
+            what: "burst (adaptive) vs classic on usb3",
+            with: fast(Link::usb3(), CreditMode::Adaptive),
+            without: fast(Link::usb3(), CreditMode::Classic),
+        },
+        SeedCase {
+            seed: "002",
+            what: "updates sent at once vs held for a 10 ms timer, loopback, headroom off",
+            with: no_headroom(fast(Link::loopback(), CreditMode::Adaptive)),
+            without: held(no_headroom(fast(Link::loopback(), CreditMode::Adaptive))),
+        },
+        SeedCase {
+            seed: "003",
+            what: "budget 1 GiB vs 8 MiB (per-stream cap 1 MiB), wan-1g",
+            with: budget(fast(Link::wan_1g(), CreditMode::Adaptive), 1 << 30),
+            without: budget(fast(Link::wan_1g(), CreditMode::Adaptive), 8 << 20),
+        },
+        SeedCase {
+            seed: "004",
+            what: "headroom on vs off, OKAYs arriving in 10 ms clumps, loopback",
+            with: held(fast(Link::loopback(), CreditMode::Adaptive)),
+            without: held(no_headroom(fast(Link::loopback(), CreditMode::Adaptive))),
+        },
+    ]
+}

@@ -13,6 +13,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
+mod memory;
 mod receive_paths;
 mod simulate;
 mod stream;
@@ -51,6 +52,26 @@ enum Bench {
         /// A tmpfs directory for the source and the copy.
         #[arg(long, default_value = "/dev/shm")]
         workdir: PathBuf,
+    },
+    /// Many streams pushing into consumers that sleep before reading: the
+    /// daemon's peak memory under each credit policy and a memory budget.
+    StreamMemory {
+        #[arg(long, default_value = "target/release/oxadbd")]
+        oxadbd: PathBuf,
+        /// Credit policies to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "aosp,adaptive")]
+        credits: Vec<String>,
+        /// The daemon's `--memory-budget`.
+        #[arg(long, default_value = "64M", value_parser = parse_size)]
+        budget: u64,
+        #[arg(long, default_value_t = 64)]
+        streams: usize,
+        /// Bytes pushed into each stream.
+        #[arg(long, default_value = "32M", value_parser = parse_size)]
+        per_stream: u64,
+        /// Seconds each consumer sleeps before reading.
+        #[arg(long, default_value_t = 8.0)]
+        stall_seconds: f64,
     },
     /// Every credit policy on every modelled link (loopback, USB 3, Wi-Fi,
     /// WAN) with fast, slow and stalling consumers, in the deterministic
@@ -108,6 +129,21 @@ fn main() -> Result<()> {
             runs,
             workdir,
         } => receive_paths_bench(size, runs, &workdir),
+        Bench::StreamMemory {
+            oxadbd,
+            credits,
+            budget,
+            streams,
+            per_stream,
+            stall_seconds,
+        } => memory::stream_memory(
+            &oxadbd,
+            &credits,
+            budget,
+            streams,
+            per_stream,
+            std::time::Duration::from_secs_f64(stall_seconds),
+        ),
         Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
     }
 }

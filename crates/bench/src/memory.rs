@@ -1,0 +1,197 @@
+//! `stream-memory`: many streams pushing into consumers that do not read,
+//! and what that costs the daemon in memory under each credit policy.
+//!
+//! Each stream runs `sleep S; head -c N >/dev/null` on oxadbd (the shell
+//! reads nothing until it wakes; `head` then drains it) while the host writes a
+//! fixed amount into it as fast as credit allows. The daemon holds whatever
+//! credit lets arrive: AOSP's 32 MiB per stream, or the adaptive window
+//! within the process budget. Its resident set is sampled every 20 ms.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use tokio::io::AsyncWriteExt;
+
+/// A process's resident set (`VmRSS`) in bytes.
+fn resident_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS line")?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("bad VmRSS line")?
+        .parse()?;
+    Ok(kib * 1024)
+}
+
+pub struct MemoryRun {
+    pub credit: String,
+    pub baseline: u64,
+    pub peak: u64,
+    pub elapsed: Duration,
+}
+
+/// One daemon, `streams` pushes of `per_stream` bytes each into shells that
+/// sleep `stall` before reading.
+pub fn one_run(
+    oxadbd: &Path,
+    credit: &str,
+    budget: u64,
+    streams: usize,
+    per_stream: u64,
+    stall: Duration,
+) -> Result<MemoryRun> {
+    let port = crate::free_port()?;
+    let serial = format!("127.0.0.1:{port}");
+    let mut daemon = Command::new(oxadbd)
+        .args(["--listen", &serial, "--credit", credit])
+        .arg("--memory-budget")
+        .arg(budget.to_string())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", oxadbd.display()))?;
+    let pid = daemon.id();
+    let result = (|| {
+        let runtime = tokio::runtime::Runtime::new()?;
+        runtime.block_on(async {
+            // The daemon needs a moment to listen.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let options = oxadb::ConnectOptions {
+                authenticate: false,
+                ..Default::default()
+            };
+            let device = loop {
+                match oxadb::Device::connect(&serial, &options).await {
+                    Ok(device) => break device,
+                    Err(_) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => bail!("connecting to oxadbd at {serial}: {e}"),
+                }
+            };
+            ensure!(device.burst_mode() || credit == "classic", "no burst mode");
+            let baseline = resident_bytes(pid)?;
+            let done = Arc::new(AtomicBool::new(false));
+            let sampler = {
+                let done = done.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut peak = 0;
+                    while !done.load(Ordering::Relaxed) {
+                        peak = peak.max(resident_bytes(pid).unwrap_or(0));
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    peak
+                })
+            };
+            let started = Instant::now();
+            // Raw `exec:` has no end-of-input signal short of closing the
+            // stream, so the consumer reads exactly what is sent, then exits.
+            let command = format!(
+                "exec:sleep {}; head -c {per_stream} >/dev/null",
+                stall.as_secs_f64()
+            );
+            let mut tasks = Vec::new();
+            for _ in 0..streams {
+                let mut stream = device.open(&command).await?;
+                tasks.push(tokio::spawn(async move {
+                    let block = vec![0x5au8; 1 << 20];
+                    let mut left = per_stream;
+                    while left > 0 {
+                        let n = left.min(block.len() as u64) as usize;
+                        stream.write_all(&block[..n]).await?;
+                        left -= n as u64;
+                    }
+                    stream.flush().await?;
+                    // The consumer exits once it has read everything, and the
+                    // daemon closes the stream.
+                    while stream.read_chunk(1 << 16).await?.is_some() {}
+                    anyhow::Ok(())
+                }));
+            }
+            for task in tasks {
+                task.await??;
+            }
+            let elapsed = started.elapsed();
+            done.store(true, Ordering::Relaxed);
+            let peak = sampler.await?;
+            device.close();
+            Ok(MemoryRun {
+                credit: credit.to_string(),
+                baseline,
+                peak,
+                elapsed,
+            })
+        })
+    })();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    result
+}
+
+pub fn stream_memory(
+    oxadbd: &Path,
+    credits: &[String],
+    budget: u64,
+    streams: usize,
+    per_stream: u64,
+    stall: Duration,
+) -> Result<()> {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut runs = Vec::new();
+    for credit in credits {
+        let run = one_run(oxadbd, credit, budget, streams, per_stream, stall)?;
+        eprintln!(
+            "{credit}: peak RSS {:.1} MiB (baseline {:.1}) in {:.1} s",
+            mib(run.peak),
+            mib(run.baseline),
+            run.elapsed.as_secs_f64()
+        );
+        runs.push(run);
+    }
+    // Each stream may hold three packets outside the budget: its one-packet
+    // floor, the sender's one-packet overshoot, and the chunk the service
+    // has taken from the stream and cannot hand to its blocked consumer
+    // (a slice keeps its whole packet allocated).
+    let packet = u64::from(oxadb_wire::MAX_PAYLOAD);
+    let floor = 3 * packet * streams as u64;
+    println!("Machine: {}", crate::machine_description());
+    println!(
+        "{streams} streams, each pushing {} MiB into `sleep {}; head -c N >/dev/null` on oxadbd; \
+         budget {} MiB (`--memory-budget`); the daemon's VmRSS sampled every 20 ms",
+        per_stream >> 20,
+        stall.as_secs_f64(),
+        budget >> 20
+    );
+    println!(
+        "Bound for the adaptive policy: baseline + budget + {streams} x 3 packets of {} MiB = baseline + {:.0} MiB",
+        packet >> 20,
+        mib(budget + floor)
+    );
+    println!();
+    println!("| credit | baseline RSS MiB | peak RSS MiB | peak - baseline MiB | budget + floors MiB | within bound | elapsed s |");
+    println!("|---|---:|---:|---:|---:|---|---:|");
+    for run in &runs {
+        let grown = run.peak.saturating_sub(run.baseline);
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {:.1} |",
+            run.credit,
+            mib(run.baseline),
+            mib(run.peak),
+            mib(grown),
+            mib(budget + floor),
+            if grown <= budget + floor { "yes" } else { "no" },
+            run.elapsed.as_secs_f64()
+        );
+    }
+    Ok(())
+}

@@ -73,3 +73,21 @@ def test_bad_credit_value_is_refused_with_the_choices(oxadbd_bin):
     assert r.returncode != 0
     assert b"unknown credit mode 'fast'" in r.stderr, r.stderr
     assert b"classic, aosp or adaptive" in r.stderr, r.stderr
+
+
+def test_memory_budget_shrinks_the_opening_grant_and_is_logged(fresh_daemon):
+    # 4 MiB: a stream may take an eighth (512 KiB), less than the one-packet
+    # floor every stream keeps, so the opening grant is exactly one packet.
+    small = fresh_daemon("small", args=("--memory-budget", "4M"))
+    assert _initial_grant(small.port, 1 << 20) == 1 << 20
+    line = small.wait_for_log(lambda l: "listening on" in l)
+    assert line and "memory_budget=4194304" in line and "per_stream_cap=524288" in line, line
+    roomy = fresh_daemon("roomy", args=("--memory-budget", "64M"))
+    assert _initial_grant(roomy.port, 1 << 20) == 2 << 20
+
+
+def test_bad_memory_budget_is_refused_naming_the_value(oxadbd_bin):
+    r = subprocess.run([str(oxadbd_bin), "--memory-budget", "lots", "--listen", "127.0.0.1:0"],
+                       capture_output=True, timeout=30)
+    assert r.returncode != 0
+    assert b'bad size "lots"' in r.stderr, r.stderr

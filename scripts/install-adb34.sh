@@ -20,20 +20,9 @@ ADB34_PACKAGE_VERSION="1:34.0.5-12"
 DIR="${1:?usage: install-adb34.sh DIR}"
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 
-die() {
-    printf 'install-adb34: %s\n' "$*" >&2
-    exit 1
-}
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        die "need root to run: $*"
-    fi
-}
+DIE_PREFIX=install-adb34
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 command -v apt-get >/dev/null 2>&1 || die "apt-get is missing (this needs a Debian machine)"
 command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb is missing"

@@ -36,22 +36,11 @@ phase() {
     printf '\n==> [%d/%d] %s   (t=%ds)\n' "$PHASE" "$PHASES" "$*" "$((SECONDS - START))"
 }
 
-die() {
-    printf '\nERROR: %s\n' "$*" >&2
-    exit 1
-}
-
 trap 'rc=$?; if [ $rc -ne 0 ]; then printf "\nFAILED in phase %d (exit %d) after %ds\n" "$PHASE" "$rc" "$((SECONDS - START))" >&2; fi' EXIT
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        die "need root to run: $*"
-    fi
-}
+DIE_PREFIX=ERROR
+# shellcheck source=scripts/lib.sh
+. "${REPO}/scripts/lib.sh"
 
 # --------------------------------------------------------------------------------
 phase "Google adb ${ADB_WANT} (Debian package adb)"

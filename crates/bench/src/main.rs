@@ -275,18 +275,7 @@ fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
         let mut out = File::create(&dest)?;
         receive_all(&listener, |data| Ok(out.write_all(data)?))
     });
-    let mut file = File::open(source)?;
-    let size = file.metadata()?.len();
-    let mut socket = TcpStream::connect(addr)?;
-    let mut block = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut block)?;
-        if n == 0 {
-            break;
-        }
-        socket.write_all(&block[..n])?;
-    }
-    drop(socket);
+    let size = send_file(source, addr)?;
     let received = receiver.join().expect("receiver thread")?;
     let elapsed = start.elapsed();
     ensure!(
@@ -294,6 +283,23 @@ fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
         "raw TCP file copy moved {received} of {size} bytes"
     );
     Ok(elapsed)
+}
+
+/// The sender side of every file copy over raw TCP: reads `source` 1 MiB at
+/// a time and writes it to a new connection to `addr`, which it then closes.
+/// Returns the file's size.
+fn send_file(source: &Path, addr: std::net::SocketAddr) -> Result<u64> {
+    let mut file = File::open(source)?;
+    let size = file.metadata()?.len();
+    let mut socket = TcpStream::connect(addr)?;
+    let mut block = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut block)?;
+        if n == 0 {
+            return Ok(size);
+        }
+        socket.write_all(&block[..n])?;
+    }
 }
 
 fn same_contents(a: &Path, b: &Path) -> Result<bool> {
@@ -309,6 +315,15 @@ fn same_contents(a: &Path, b: &Path) -> Result<bool> {
             return Ok(false);
         }
     }
+}
+
+/// Run figures for a table cell: `1234, 1301, 1187`.
+fn list_runs(rates: &[f64]) -> String {
+    rates
+        .iter()
+        .map(|r| format!("{r:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -674,11 +689,7 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
     };
     let measured: Vec<usize> = (0..3).filter(|&w| !rates[w].is_empty()).collect();
     for which in measured {
-        let runs = rates[which]
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let runs = list_runs(&rates[which]);
         let med = median(&mut rates[which]);
         println!(
             "| {} | {} | {:.0} | {:.2} |",
@@ -732,17 +743,10 @@ fn receive_paths_bench(size: u64, runs: usize, workdir: &Path) -> Result<()> {
         let raw_median = median(&mut raw.clone());
         println!(
             "| raw TCP (no file) | {} | {raw_median:.0} | 1.00 | |",
-            raw.iter()
-                .map(|r| format!("{r:.0}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            list_runs(&raw)
         );
         for (which, path) in ReceivePath::ALL.iter().enumerate() {
-            let list = rates[which]
-                .iter()
-                .map(|r| format!("{r:.0}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let list = list_runs(&rates[which]);
             let med = median(&mut rates[which]);
             println!(
                 "| {} | {list} | {med:.0} | {:.2} | {:.2} |",

@@ -74,17 +74,7 @@ pub fn copy_once(source: &Path, dest: &Path, path: ReceivePath) -> Result<(Durat
         };
         Ok((received, thread_cpu_seconds() - cpu_before))
     });
-    let mut file = File::open(source)?;
-    let mut socket = TcpStream::connect(addr)?;
-    let mut block = vec![0u8; CHUNK];
-    loop {
-        let n = file.read(&mut block)?;
-        if n == 0 {
-            break;
-        }
-        socket.write_all(&block[..n])?;
-    }
-    drop(socket);
+    crate::send_file(source, addr)?;
     let (received, receiver_cpu) = receiver.join().expect("receiver thread")?;
     let elapsed = start.elapsed();
     ensure!(

@@ -79,6 +79,7 @@ pub fn simulate(size: u64, series_dir: Option<&Path>) -> Result<()> {
     shared_link(size);
     ablations(size);
     seed_scenarios(size);
+    rtt_sweep(size, series_dir)?;
     println!(
         "\nSimulation wall-clock time: {:.2} s",
         wall.elapsed().as_secs_f64()
@@ -212,4 +213,34 @@ fn seed_scenarios(size: u64) {
             without.peak_buffered as f64 / MIB,
         );
     }
+}
+
+/// Throughput against round trip on a 1 Gbit/s link, every policy, fast
+/// consumer (the shape of the emulated end-to-end runs, on virtual time).
+fn rtt_sweep(size: u64, series_dir: Option<&Path>) -> Result<()> {
+    const RTTS_MS: [u64; 7] = [1, 2, 5, 10, 20, 50, 100];
+    println!("\n### Throughput against round trip, 1 Gbit/s, fast consumer\n");
+    println!("| RTT ms | classic MB/s | aosp MB/s | adaptive MB/s |");
+    println!("|---:|---:|---:|---:|");
+    let mut csv = String::from("rtt_ms,policy,mb_per_s\n");
+    for rtt in RTTS_MS {
+        let link = Link {
+            name: "1gbit",
+            one_way_delay_ns: rtt * MS / 2,
+            ..Link::wan_1g()
+        };
+        let mut cells = Vec::new();
+        for policy in POLICIES {
+            let outcome = run(&Scenario::new(link, Consumer::Fast, policy, size));
+            let rate = outcome.throughput / 1e6;
+            cells.push(format!("{rate:.1}"));
+            writeln!(csv, "{rtt},{policy},{rate:.3}").expect("writing to a String");
+        }
+        println!("| {rtt} | {} |", cells.join(" | "));
+    }
+    if let Some(dir) = series_dir {
+        let path = dir.join("rtt-sweep.csv");
+        std::fs::write(&path, csv).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

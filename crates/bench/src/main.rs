@@ -214,6 +214,21 @@ fn write_random_file(path: &Path, size: u64) -> Result<()> {
     Ok(())
 }
 
+/// A private /dev/null (character device 1, 3) at `path`: Google's adb
+/// replaces a pull destination, so the real node must never be a target;
+/// pushes go into this one.
+fn make_null_node(path: &Path) -> Result<()> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    ensure!(
+        rc == 0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
 /// CPU seconds (user + system) a process has used so far.
 fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -438,16 +453,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let null_node = dir.join("null");
     eprintln!("writing {} random bytes to {}", args.size, source.display());
     write_random_file(&source, args.size)?;
-    // A private /dev/null: Google's adb replaces a pull destination, so the
-    // real node must never be a target; pushes go into this one.
-    let c_path = std::ffi::CString::new(null_node.as_os_str().as_encoded_bytes())?;
-    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
-    ensure!(
-        rc == 0,
-        "mknod {}: {}",
-        null_node.display(),
-        std::io::Error::last_os_error()
-    );
+    make_null_node(&null_node)?;
 
     let port = free_port()?;
     let log_path = dir.join("oxadbd.log");

@@ -13,6 +13,8 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
+mod emulated;
+mod emulator;
 mod memory;
 mod receive_paths;
 mod simulate;
@@ -84,6 +86,11 @@ enum Bench {
         #[arg(long)]
         series_dir: Option<PathBuf>,
     },
+    /// iperf3, Google adb 29 and oxadb (classic, aosp, adaptive) over an
+    /// emulated link on real kernel TCP: two network namespaces joined by a
+    /// userspace forwarder (rate, round trip, tail-drop queue). Needs root,
+    /// iproute2, iperf3 and adb.
+    Emulated(emulated::EmulatedArgs),
 }
 
 #[derive(Parser)]
@@ -145,6 +152,7 @@ fn main() -> Result<()> {
             std::time::Duration::from_secs_f64(stall_seconds),
         ),
         Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
+        Bench::Emulated(args) => emulated::emulated(args),
     }
 }
 

@@ -99,8 +99,21 @@ pub fn install_signal_cleanup() -> Result<()> {
 fn cleanup_everything() {
     let mut registry = registry();
     registry.stopping = true;
-    for pid in registry.children.drain(..) {
+    let children: Vec<u32> = registry.children.drain(..).collect();
+    for &pid in &children {
         kill_child(pid);
+    }
+    // Reap them (for a second at most) rather than leave zombies to init.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    for &pid in &children {
+        while Instant::now() < deadline {
+            let mut status = 0;
+            let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+            if rc != 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     let namespaces: Vec<(String, String)> = registry.namespaces.drain(..).collect();
     for (name, tap) in &namespaces {

@@ -54,6 +54,10 @@ pub struct EmulatedArgs {
     /// tcp_wmem maximum for the small-buffer rows (Linux's default is 4 MiB).
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     small_wmem: u64,
+    /// TCP congestion control in both namespaces (e.g. cubic) [default: the
+    /// one a new namespace gets, the host's].
+    #[arg(long)]
+    congestion_control: Option<String>,
     /// Transfers, comma-separated: iperf3, adb, oxadb-classic, oxadb-aosp,
     /// oxadb-adaptive.
     #[arg(
@@ -630,6 +634,23 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
         let small_w = [4096, 16384, args.small_wmem];
         emu.set_tcp_buffers(big, big_w)?;
         let big_text = emu.tcp_buffers()?;
+        if let Some(name) = &args.congestion_control {
+            // A namespace other than the host's may only pick what the host
+            // allows (net.ipv4.tcp_allowed_congestion_control), which this
+            // program leaves alone.
+            emu.set_sysctl("net.ipv4.tcp_congestion_control", name)
+                .with_context(|| {
+                    let allowed = std::fs::read_to_string(
+                        "/proc/sys/net/ipv4/tcp_allowed_congestion_control",
+                    )
+                    .unwrap_or_default();
+                    format!(
+                        "--congestion-control {name}: namespaces may use only what the host allows: {}",
+                        allowed.trim()
+                    )
+                })?;
+        }
+        let congestion = emu.sysctl("net.ipv4.tcp_congestion_control")?;
         let listen = format!("{DEVICE_ADDR}:{DAEMON_PORT}").parse()?;
         let target = format!("127.0.0.1:{DAEMON_PORT}").parse()?;
         let _relay = Relay::start(emu.name(Side::B), listen, target)?;
@@ -668,15 +689,14 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
             std::fs::metadata("/dev/null")?.file_type().is_char_device(),
             "/dev/null is no longer a character device"
         );
-        print_report(
-            &args,
-            &bench,
-            &results,
-            &big_text,
-            &small_text,
-            &adb_version,
-            &iperf3_version,
-        );
+        let texts = ReportTexts {
+            buffers: big_text,
+            small_buffers: small_text,
+            congestion,
+            adb_version,
+            iperf3_version,
+        };
+        print_report(&args, &bench, &results, &texts);
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -826,15 +846,18 @@ fn run_rtt(
     })
 }
 
-fn print_report(
-    args: &EmulatedArgs,
-    bench: &Bench,
-    results: &[RttResult],
-    big_text: &str,
-    small_text: &str,
-    adb_version: &str,
-    iperf3_version: &str,
-) {
+/// What the report quotes from the tools and the namespaces.
+struct ReportTexts {
+    buffers: String,
+    small_buffers: String,
+    congestion: String,
+    adb_version: String,
+    iperf3_version: String,
+}
+
+fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts: &ReportTexts) {
+    let (big_text, small_text) = (&texts.buffers, &texts.small_buffers);
+    let (adb_version, iperf3_version) = (&texts.adb_version, &texts.iperf3_version);
     let rate = args.rate_mbit * 1e6 / 8.0;
     println!("Machine: {}", crate::machine_description());
     let mut tools = Vec::new();
@@ -875,6 +898,15 @@ fn print_report(
         "Namespaces: {} (198.18.0.1/24, every client) and {} (198.18.0.2/24: oxadbd on 127.0.0.1:{DAEMON_PORT} behind a relay thread on 198.18.0.2:{DAEMON_PORT}, the iperf3 server)",
         bench.emu.name(Side::A),
         bench.emu.name(Side::B)
+    );
+    println!(
+        "TCP congestion control: {}{}",
+        texts.congestion,
+        if args.congestion_control.is_some() {
+            " (--congestion-control)"
+        } else {
+            " (what a new namespace inherits from the host)"
+        }
     );
     println!("TCP buffers: {big_text}");
     println!("Small-buffer rows: {small_text}");

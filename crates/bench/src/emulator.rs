@@ -695,6 +695,22 @@ impl Emulator {
         Ok(())
     }
 
+    /// Sets one net.* sysctl in both namespaces.
+    pub fn set_sysctl(&self, key: &str, value: &str) -> Result<()> {
+        for name in &self.names {
+            sysctl_in(name, key, value)?;
+        }
+        Ok(())
+    }
+
+    /// One sysctl as both namespaces report it: `value`, or `a: x; b: y`
+    /// when they differ.
+    pub fn sysctl(&self, key: &str) -> Result<String> {
+        let a = read_sysctl_in(&self.names[0], key)?;
+        let b = read_sysctl_in(&self.names[1], key)?;
+        Ok(if a == b { a } else { format!("a: {a}; b: {b}") })
+    }
+
     /// `tcp_rmem` and `tcp_wmem` as the namespaces report them, for the output.
     pub fn tcp_buffers(&self) -> Result<String> {
         let mut parts = Vec::new();

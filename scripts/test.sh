@@ -14,7 +14,11 @@
 #   7. runs clippy with warnings denied,
 #   8. runs the Rust tests,
 #   9. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
-#      and adb-shell against oxadbd.
+#      and adb-shell against oxadbd,
+#  10. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
+#      and runs a short `oxadb-bench emulated` (two network namespaces of its
+#      own, a 10 ms link): the link emulator, its cleanup and the clients
+#      through it.
 # Any failure stops the run with a non-zero exit status. Nothing is skipped:
 # a missing peer (adb, python, node, npm, cargo, oxadbd) is an error.
 #
@@ -29,7 +33,7 @@ REPO="$(pwd)"
 ADB_WANT="29.0.6"
 START=$SECONDS
 PHASE=0
-PHASES=9
+PHASES=10
 
 phase() {
     PHASE=$((PHASE + 1))
@@ -129,5 +133,27 @@ phase "interop: stock adb ${ADB_WANT} and 34.0.5, Tango and adb-shell against ox
 export OXADBD="${REPO}/target/release/oxadbd"
 # shellcheck disable=SC2086
 python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
+
+# --------------------------------------------------------------------------------
+phase "emulated link: oxadb-bench emulated, 16 MiB at 10 ms (namespaces of its own)"
+EMU_PKGS=()
+command -v iperf3 >/dev/null 2>&1 || EMU_PKGS+=(iperf3)
+command -v ping >/dev/null 2>&1 || EMU_PKGS+=(iputils-ping)
+if [ "${#EMU_PKGS[@]}" -gt 0 ]; then
+    echo "missing: ${EMU_PKGS[*]}: installing Debian's package(s)"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${EMU_PKGS[@]}"
+fi
+# Namespaces of other runs on this machine are not ours to judge: compare counts.
+EMU_NS_BEFORE="$(ip netns list | grep -c '^oxemu-' || true)"
+EMU_OUT="$(as_root target/release/oxadb-bench emulated --size 16M --rtts 10 \
+    --clients iperf3,adb,oxadb-classic,oxadb-adaptive --small-clients oxadb-adaptive)" ||
+    die "oxadb-bench emulated failed"
+printf '%s\n' "${EMU_OUT}" | grep -A 20 '^### Round trip'
+printf '%s\n' "${EMU_OUT}" | grep -q '^Ping .*: within 10%' ||
+    die "the emulated link's ping round trip is not within 10% of 10 ms"
+if [ "$(ip netns list | grep -c '^oxemu-' || true)" -gt "${EMU_NS_BEFORE}" ]; then
+    die "oxadb-bench emulated left network namespaces behind: $(ip netns list)"
+fi
 
 printf '\nAll %d phases passed in %ds\n' "$PHASES" "$((SECONDS - START))"

@@ -13,6 +13,8 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
+mod emulated;
+mod emulator;
 mod memory;
 mod receive_paths;
 mod simulate;
@@ -84,6 +86,11 @@ enum Bench {
         #[arg(long)]
         series_dir: Option<PathBuf>,
     },
+    /// iperf3, Google adb 29 and oxadb (classic, aosp, adaptive) over an
+    /// emulated link on real kernel TCP: two network namespaces joined by a
+    /// userspace forwarder (rate, round trip, tail-drop queue). Needs root,
+    /// iproute2, iperf3 and adb.
+    Emulated(emulated::EmulatedArgs),
 }
 
 #[derive(Parser)]
@@ -145,6 +152,7 @@ fn main() -> Result<()> {
             std::time::Duration::from_secs_f64(stall_seconds),
         ),
         Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
+        Bench::Emulated(args) => emulated::emulated(args),
     }
 }
 
@@ -211,6 +219,21 @@ fn write_random_file(path: &Path, size: u64) -> Result<()> {
         file.write_all(&block[..n])?;
         left -= n as u64;
     }
+    Ok(())
+}
+
+/// A private /dev/null (character device 1, 3) at `path`: Google's adb
+/// replaces a pull destination, so the real node must never be a target;
+/// pushes go into this one.
+fn make_null_node(path: &Path) -> Result<()> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    ensure!(
+        rc == 0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
     Ok(())
 }
 
@@ -438,16 +461,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let null_node = dir.join("null");
     eprintln!("writing {} random bytes to {}", args.size, source.display());
     write_random_file(&source, args.size)?;
-    // A private /dev/null: Google's adb replaces a pull destination, so the
-    // real node must never be a target; pushes go into this one.
-    let c_path = std::ffi::CString::new(null_node.as_os_str().as_encoded_bytes())?;
-    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
-    ensure!(
-        rc == 0,
-        "mknod {}: {}",
-        null_node.display(),
-        std::io::Error::last_os_error()
-    );
+    make_null_node(&null_node)?;
 
     let port = free_port()?;
     let log_path = dir.join("oxadbd.log");

@@ -1,0 +1,996 @@
+//! `emulated`: iperf3, Google adb 29 and oxadb (classic, aosp, adaptive)
+//! pushing and pulling over an emulated link (rate, round trip, tail-drop
+//! queue) on real kernel TCP between two network namespaces
+//! (`emulator.rs`), interleaved, with the kernel's TCP buffers sized for the
+//! bandwidth-delay product and, in extra rows, small.
+//!
+//! Side a (198.18.0.1) runs every client; side b (198.18.0.2) runs oxadbd on
+//! 127.0.0.1:5555, reached through a relay thread listening on
+//! 198.18.0.2:5555 (oxadbd refuses non-loopback addresses: it has no
+//! authentication yet), and the iperf3 server.
+
+use std::fs::File;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use oxadb_io::parse_size;
+
+use crate::emulator::{
+    self, Counters, Emulator, LinkParams, Relay, Side, DEVICE_ADDR, ETHERNET_FRAMING,
+};
+
+#[derive(clap::Args)]
+pub struct EmulatedArgs {
+    /// Bytes per transfer (suffixes K, M, G are powers of 1024).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    size: u64,
+    /// Runs of each transfer; medians are reported.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Round trips to emulate, in milliseconds, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,50")]
+    rtts: Vec<f64>,
+    /// Link rate in Mbit/s (Ethernet wire rate, each direction).
+    #[arg(long, default_value_t = 1000.0)]
+    rate_mbit: f64,
+    /// Release frames together every this many milliseconds (0: one by one).
+    #[arg(long, default_value_t = 0.0)]
+    burst_ms: f64,
+    /// Tail-drop queue in bytes [default: 2 x bandwidth-delay product + 256 KiB].
+    #[arg(long, value_parser = parse_size)]
+    queue_limit: Option<u64>,
+    /// Maximum of net.ipv4.tcp_rmem and tcp_wmem in both namespaces (at least
+    /// twice the largest bandwidth-delay product: 6.25 MB at 1 Gbit/s x 50 ms).
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    buffers: u64,
+    /// tcp_rmem maximum for the small-buffer rows (Linux's default is 6 MiB).
+    #[arg(long, default_value = "6M", value_parser = parse_size)]
+    small_rmem: u64,
+    /// tcp_wmem maximum for the small-buffer rows (Linux's default is 4 MiB).
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    small_wmem: u64,
+    /// TCP congestion control in both namespaces (e.g. cubic) [default: the
+    /// one a new namespace gets, the host's].
+    #[arg(long)]
+    congestion_control: Option<String>,
+    /// Transfers, comma-separated: iperf3, adb, oxadb-classic, oxadb-aosp,
+    /// oxadb-adaptive.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "iperf3,adb,oxadb-classic,oxadb-aosp,oxadb-adaptive"
+    )]
+    clients: Vec<String>,
+    /// Transfers repeated with the small buffers (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "iperf3,oxadb-adaptive")]
+    small_clients: Vec<String>,
+    /// Turn off segmentation offload on the TAP devices: every 1500-byte frame
+    /// then crosses the forwarder on its own (about 45 times the frames).
+    #[arg(long)]
+    no_offload: bool,
+    #[arg(long, default_value = "target/release/oxadbd")]
+    oxadbd: PathBuf,
+    #[arg(long, default_value = "target/release/oxadb")]
+    oxadb: PathBuf,
+    /// Google's adb (Debian's adb 29 by default).
+    #[arg(long, default_value = "adb")]
+    adb: PathBuf,
+    #[arg(long, default_value = "iperf3")]
+    iperf3: PathBuf,
+    /// A tmpfs directory for the data (the pull destination must be tmpfs).
+    #[arg(long, default_value = "/dev/shm")]
+    workdir: PathBuf,
+}
+
+/// Where oxadbd listens inside namespace b, behind the relay.
+const DAEMON_PORT: u16 = 5555;
+const IPERF3_PORT: u16 = 5201;
+/// TCP payload per 1500-byte frame with timestamps, and what that frame
+/// occupies on the wire (IP and TCP 52, Ethernet 14, framing 24).
+const MSS: f64 = 1448.0;
+const SEGMENT_WIRE: f64 = MSS + 52.0 + 14.0 + ETHERNET_FRAMING as f64;
+
+/// What one packet carries under classic flow control: a push fills the
+/// 1 MiB payload; oxadbd's pull packets are whole DATA frames, 15 of
+/// 64 KiB + 8 (983,160 bytes).
+fn packet_payload(push: bool) -> f64 {
+    use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
+    let max = oxadb_wire::MAX_PAYLOAD as usize;
+    if push {
+        max as f64
+    } else {
+        let frame = HEADER_LEN + SYNC_DATA_MAX;
+        ((max / frame) * frame) as f64
+    }
+}
+
+/// Stop-and-wait: one packet per round trip plus its own serialization.
+fn stop_and_wait_mb_s(push: bool, rtt: Duration, rate: f64) -> f64 {
+    let payload = packet_payload(push);
+    let serialization = payload * SEGMENT_WIRE / MSS / rate;
+    payload / (rtt.as_secs_f64() + serialization) / 1e6
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Client {
+    Iperf3,
+    Adb,
+    Oxadb(&'static str),
+}
+
+impl Client {
+    fn parse(text: &str) -> Result<Client> {
+        Ok(match text {
+            "iperf3" => Client::Iperf3,
+            "adb" => Client::Adb,
+            "oxadb-classic" => Client::Oxadb("classic"),
+            "oxadb-aosp" => Client::Oxadb("aosp"),
+            "oxadb-adaptive" => Client::Oxadb("adaptive"),
+            _ => bail!(
+                "unknown transfer {text:?}: expected iperf3, adb, oxadb-classic, oxadb-aosp or oxadb-adaptive"
+            ),
+        })
+    }
+
+    /// Row labels: the push direction (a to b) first.
+    fn labels(self) -> [String; 2] {
+        match self {
+            Client::Iperf3 => ["iperf3 a→b".into(), "iperf3 b→a (-R)".into()],
+            Client::Adb => ["adb 29 push".into(), "adb 29 pull".into()],
+            Client::Oxadb(credit) => [
+                format!("oxadb {credit} push"),
+                format!("oxadb {credit} pull"),
+            ],
+        }
+    }
+}
+
+/// One transfer's outcome.
+struct Measured {
+    /// MB/s as the tool reports it: iperf3's receiver, or the client's
+    /// `(N bytes in T s)`, which leaves out process start and connecting.
+    rate: f64,
+    /// Wall time of the client process, start to exit.
+    wall: Duration,
+    /// Both directions of the link during the transfer.
+    link: [Counters; 2],
+    /// `oxadb --stats` lines.
+    stats: Vec<String>,
+}
+
+/// One table row and its runs.
+struct Row {
+    label: String,
+    push: bool,
+    small: bool,
+    rates: Vec<f64>,
+    walls: Vec<f64>,
+    drops: Vec<u64>,
+    stats: Vec<Vec<String>>,
+}
+
+/// What one round trip gave.
+struct RttResult {
+    rtt: Duration,
+    params: LinkParams,
+    ping: String,
+    /// How the ping compares with the configured round trip.
+    ping_verdict: &'static str,
+    rows: Vec<Row>,
+    /// Link totals over the round trip's transfers.
+    frames: u64,
+    /// The 1500-byte frames they stand for (more when offloads are on).
+    segments: u64,
+    /// 1500-byte frames dropped.
+    drops: u64,
+    late_sum_ns: u64,
+    late_max_ns: u64,
+    peak_backlog: u64,
+}
+
+/// A background process (daemon, server), killed and reaped on drop.
+struct Background {
+    child: Option<Child>,
+}
+
+impl Background {
+    /// SIGTERM, up to `grace` to exit, then SIGKILL.
+    fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = child.id();
+        if let Ok(None) = child.try_wait() {
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        emulator::forget_child(pid);
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(2));
+    }
+}
+
+/// Waits until the process `child` (inside a namespace) has a TCP socket
+/// listening on `port`, reading its namespace's table from /proc/PID/net/tcp.
+fn wait_listening(child: &mut Child, port: u16, timeout: Duration, what: &str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let wanted = format!(":{port:04X}");
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("{what} exited before listening ({status})");
+        }
+        let table = std::fs::read_to_string(format!("/proc/{}/net/tcp", child.id()))?;
+        let listening = table.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 3 && fields[1].ends_with(&wanted) && fields[3] == "0A"
+        });
+        if listening {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what} was not listening on port {port} after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `(N bytes in T s)` from adb's or oxadb's summary line: MB/s and N. The
+/// last line where it parses (oxadb's `--stats` lines say "bytes in N packets").
+fn reported_rate(text: &str) -> Option<(f64, u64)> {
+    text.lines().rev().find_map(|line| {
+        let inner = line.trim_end().strip_suffix("s)")?;
+        let inner = &inner[inner.rfind('(')? + 1..];
+        let (bytes, seconds) = inner.split_once(" bytes in ")?;
+        let bytes: u64 = bytes.trim().parse().ok()?;
+        let seconds: f64 = seconds.trim().parse().ok()?;
+        (seconds > 0.0).then(|| (bytes as f64 / seconds / 1e6, bytes))
+    })
+}
+
+/// `rtt min/avg/max/mdev = a/b/c/d ms` from ping.
+fn ping_summary(text: &str) -> Option<[f64; 4]> {
+    let line = text.lines().find(|l| l.contains("min/avg/max"))?;
+    let numbers = line.split('=').nth(1)?.trim().trim_end_matches("ms").trim();
+    let values: Vec<f64> = numbers
+        .split('/')
+        .map(|v| v.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    values.try_into().ok()
+}
+
+struct Bench<'a> {
+    args: &'a EmulatedArgs,
+    emu: Emulator,
+    dir: PathBuf,
+    source: PathBuf,
+    null_node: PathBuf,
+    pulled: PathBuf,
+    oxadbd: PathBuf,
+    oxadb: PathBuf,
+    serial: String,
+    /// Limit for one transfer at the current round trip.
+    timeout: Duration,
+    adb_sessions: usize,
+}
+
+impl Bench<'_> {
+    /// Runs `command` to completion within `timeout` (killed by pid when it
+    /// overruns), stdout and stderr into a file: a pipe could be held open
+    /// by a process it forked (adb's server). Returns the wall time and output.
+    fn run_bounded(
+        &self,
+        command: &mut Command,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<(Duration, String)> {
+        let out_path = self.dir.join("output.txt");
+        let out = File::create(&out_path)?;
+        command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let start = Instant::now();
+        let mut child = emulator::spawn_registered(command)?;
+        let pid = child.id();
+        let fired = Arc::new(AtomicBool::new(false));
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let watchdog = {
+            let fired = fired.clone();
+            std::thread::spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    wait_done.recv_timeout(timeout)
+                {
+                    fired.store(true, Ordering::Relaxed);
+                    emulator::kill_child(pid);
+                }
+            })
+        };
+        let status = child.wait();
+        let elapsed = start.elapsed();
+        drop(done);
+        let _ = watchdog.join();
+        emulator::forget_child(pid);
+        let status = status?;
+        let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+        ensure!(
+            !fired.load(Ordering::Relaxed),
+            "{what} timed out after {timeout:?}: {text}"
+        );
+        ensure!(status.success(), "{what} failed ({status}): {text}");
+        Ok((elapsed, text))
+    }
+
+    /// Runs one transfer command and checks its result; `push` decides the check.
+    fn transfer(&self, command: &mut Command, push: bool, what: &str) -> Result<Measured> {
+        if !push {
+            let _ = std::fs::remove_file(&self.pulled);
+        }
+        let before = self.emu.snapshot();
+        let (wall, text) = self.run_bounded(command, self.timeout, what)?;
+        let after = self.emu.snapshot();
+        let (rate, bytes) =
+            reported_rate(&text).with_context(|| format!("{what}: no rate in {text:?}"))?;
+        ensure!(
+            bytes == self.args.size,
+            "{what} reports {bytes} bytes, not {}",
+            self.args.size
+        );
+        if push {
+            // Google's adb replaces a pull destination; a push must leave the node.
+            let kind = std::fs::symlink_metadata(&self.null_node)?.file_type();
+            ensure!(kind.is_char_device(), "{what} replaced the device node");
+        } else {
+            let size = std::fs::metadata(&self.pulled)?.len();
+            ensure!(size == self.args.size, "{what}: pulled {size} bytes");
+            ensure!(
+                crate::same_contents(&self.source, &self.pulled)?,
+                "{what}: the pulled file differs from the source"
+            );
+        }
+        let stats = text
+            .lines()
+            .skip_while(|l| !l.starts_with("stream stats"))
+            .map(str::to_string)
+            .collect();
+        Ok(Measured {
+            rate,
+            wall,
+            link: [after[0].since(&before[0]), after[1].since(&before[1])],
+            stats,
+        })
+    }
+
+    fn iperf3(&self, reverse: bool) -> Result<Measured> {
+        let log = File::create(self.dir.join("iperf3-server.txt"))?;
+        // -1: the server exits after one test.
+        let mut server = Background {
+            child: Some(emulator::spawn_registered(
+                self.emu
+                    .command(Side::B, &self.args.iperf3)
+                    .args(["-s", "-1", "-B", DEVICE_ADDR, "-p"])
+                    .arg(IPERF3_PORT.to_string())
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log),
+            )?),
+        };
+        wait_listening(
+            server.child.as_mut().expect("started"),
+            IPERF3_PORT,
+            Duration::from_secs(5),
+            "the iperf3 server",
+        )?;
+        let before = self.emu.snapshot();
+        let mut client = self.emu.command(Side::A, &self.args.iperf3);
+        client
+            .args(["-c", DEVICE_ADDR, "-J", "-p"])
+            .arg(IPERF3_PORT.to_string())
+            .arg("-n")
+            .arg(self.args.size.to_string());
+        if reverse {
+            client.arg("-R");
+        }
+        let (wall, text) = self.run_bounded(&mut client, self.timeout, "iperf3")?;
+        let after = self.emu.snapshot();
+        server.stop(Duration::from_secs(3));
+        let json: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("iperf3 output: {text}"))?;
+        let bits = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .with_context(|| format!("no receiver bits_per_second in iperf3's output: {text}"))?;
+        Ok(Measured {
+            rate: bits / 8.0 / 1e6,
+            wall,
+            link: [after[0].since(&before[0]), after[1].since(&before[1])],
+            stats: Vec::new(),
+        })
+    }
+
+    /// oxadbd inside namespace b on 127.0.0.1:5555 with `credit`.
+    fn start_daemon(&self, credit: &str) -> Result<Background> {
+        let log = File::create(self.dir.join(format!("oxadbd-{credit}.log")))?;
+        let mut daemon = Background {
+            child: Some(emulator::spawn_registered(
+                self.emu
+                    .command(Side::B, &self.oxadbd)
+                    .arg("--listen")
+                    .arg(format!("127.0.0.1:{DAEMON_PORT}"))
+                    .args(["--credit", credit])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log),
+            )?),
+        };
+        wait_listening(
+            daemon.child.as_mut().expect("started"),
+            DAEMON_PORT,
+            Duration::from_secs(10),
+            "oxadbd",
+        )?;
+        Ok(daemon)
+    }
+
+    fn oxadb(&self, credit: &str, push: bool) -> Result<Measured> {
+        let mut command = self.emu.command(Side::A, &self.oxadb);
+        command
+            .env("HOME", self.dir.join("oxadb-home"))
+            .env_remove("ANDROID_SERIAL")
+            .env_remove("OXADB_NO_BURST")
+            .args(["-s", &self.serial, "--credit", credit]);
+        if push {
+            command
+                .args(["push", "--stats"])
+                .arg(&self.source)
+                .arg(&self.null_node);
+        } else {
+            command
+                .args(["pull", "--stats"])
+                .arg(&self.source)
+                .arg(&self.pulled);
+        }
+        let what = format!("oxadb {credit} {}", if push { "push" } else { "pull" });
+        self.transfer(&mut command, push, &what)
+    }
+
+    /// Checks the whole path (client, link, relay, daemon) once, and lets
+    /// oxadb create its key in its private HOME before anything is timed.
+    fn warm_up(&self) -> Result<()> {
+        let _daemon = self.start_daemon("adaptive")?;
+        let (_, text) = self.run_bounded(
+            self.emu
+                .command(Side::A, &self.oxadb)
+                .env("HOME", self.dir.join("oxadb-home"))
+                .args(["-s", &self.serial, "get-state"]),
+            Duration::from_secs(20),
+            "oxadb get-state through the emulated link",
+        )?;
+        ensure!(text.trim() == "device", "oxadb get-state: {text}");
+        Ok(())
+    }
+
+    /// Google adb with a private server inside namespace a: connect, push,
+    /// pull, kill-server, and whatever is left of the server is killed.
+    fn adb_session(&mut self) -> Result<[Measured; 2]> {
+        self.adb_sessions += 1;
+        let home = self.dir.join(format!("adb-home-{}", self.adb_sessions));
+        let tmp = self.dir.join(format!("adb-tmp-{}", self.adb_sessions));
+        std::fs::create_dir_all(&home)?;
+        std::fs::create_dir_all(&tmp)?;
+        // Namespace a is empty: any port is free there.
+        let port = crate::free_port()?;
+        let adb = |args: &[&str]| {
+            let mut command = self.emu.command(Side::A, &self.args.adb);
+            command
+                .env("HOME", &home)
+                .env("TMPDIR", &tmp)
+                .env("ADB_EMU", "0")
+                .env("ADB_USB", "0")
+                .env("ADB_MDNS", "0")
+                .env_remove("ANDROID_SERIAL")
+                .arg("-P")
+                .arg(port.to_string())
+                .args(args);
+            command
+        };
+        let short = Duration::from_secs(20);
+        let result = (|| -> Result<[Measured; 2]> {
+            let (_, text) =
+                self.run_bounded(&mut adb(&["connect", &self.serial]), short, "adb connect")?;
+            ensure!(text.contains("connected to"), "adb connect: {text}");
+            self.run_bounded(
+                &mut adb(&["-s", &self.serial, "wait-for-device"]),
+                short,
+                "adb wait-for-device",
+            )?;
+            let source = self.source.to_str().context("non-UTF-8 path")?;
+            let null_node = self.null_node.to_str().context("non-UTF-8 path")?;
+            let pulled = self.pulled.to_str().context("non-UTF-8 path")?;
+            let push = self.transfer(
+                &mut adb(&["-s", &self.serial, "push", source, null_node]),
+                true,
+                "adb 29 push",
+            )?;
+            let pull = self.transfer(
+                &mut adb(&["-s", &self.serial, "pull", source, pulled]),
+                false,
+                "adb 29 pull",
+            )?;
+            Ok([push, pull])
+        })();
+        let _ = self.run_bounded(&mut adb(&["kill-server"]), short, "adb kill-server");
+        let left = self.emu.kill_processes(Side::A);
+        if left > 0 {
+            eprintln!("killed {left} process(es) left in namespace a after adb kill-server");
+        }
+        result
+    }
+}
+
+fn check_tool(program: &Path, arg: &str, hint: &str) -> Result<String> {
+    let output = Command::new(program)
+        .arg(arg)
+        .output()
+        .with_context(|| format!("{} is not available: {hint}", program.display()))?;
+    ensure!(
+        output.status.success(),
+        "{} {arg} failed: {hint}",
+        program.display()
+    );
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    ))
+}
+
+pub fn emulated(args: EmulatedArgs) -> Result<()> {
+    // First, before any thread exists: every later thread inherits the mask.
+    emulator::install_signal_cleanup()?;
+    ensure!(args.runs >= 1, "--runs must be at least 1");
+    ensure!(!args.rtts.is_empty(), "--rtts is empty");
+    ensure!(
+        args.rtts.iter().all(|&r| r > 0.0 && r <= 1000.0),
+        "round trips must be in (0, 1000] ms"
+    );
+    ensure!(args.rate_mbit > 0.0, "--rate-mbit must be positive");
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "the emulator creates network namespaces: run as root"
+    );
+    let clients: Vec<Client> = args
+        .clients
+        .iter()
+        .map(|c| Client::parse(c))
+        .collect::<Result<_>>()?;
+    let small_clients: Vec<Client> = args
+        .small_clients
+        .iter()
+        .filter(|c| !c.is_empty())
+        .map(|c| Client::parse(c))
+        .collect::<Result<_>>()?;
+    check_tool(Path::new("ip"), "-V", "apt-get install iproute2")?;
+    check_tool(Path::new("ping"), "-V", "apt-get install iputils-ping")?;
+    let uses = |c: Client| clients.contains(&c) || small_clients.contains(&c);
+    let iperf3_version = if uses(Client::Iperf3) {
+        check_tool(&args.iperf3, "--version", "apt-get install iperf3")?
+    } else {
+        String::new()
+    };
+    let adb_version = if uses(Client::Adb) {
+        check_tool(&args.adb, "version", "apt-get install adb")?
+    } else {
+        String::new()
+    };
+    let absolute = |path: &Path| {
+        std::fs::canonicalize(path)
+            .with_context(|| format!("{} (build with cargo build --release)", path.display()))
+    };
+    let oxadbd = absolute(&args.oxadbd)?;
+    let oxadb = absolute(&args.oxadb)?;
+
+    let rate = args.rate_mbit * 1e6 / 8.0;
+    let params_for = |rtt: Duration| LinkParams {
+        rate,
+        one_way: rtt / 2,
+        burst: (args.burst_ms > 0.0).then(|| Duration::from_secs_f64(args.burst_ms / 1e3)),
+        queue_limit: args
+            .queue_limit
+            .unwrap_or_else(|| LinkParams::default_queue_limit(rate, rtt)),
+    };
+    let rtts: Vec<Duration> = args
+        .rtts
+        .iter()
+        .map(|ms| Duration::from_secs_f64(ms / 1e3))
+        .collect();
+
+    let dir = args.workdir.join(format!("oxemu-{}", std::process::id()));
+    ensure!(!dir.exists(), "{} already exists", dir.display());
+    std::fs::create_dir_all(dir.join("oxadb-home"))?;
+    emulator::register_path(&dir);
+    let result = (|| -> Result<()> {
+        let source = dir.join("random.bin");
+        eprintln!("writing {} random bytes to {}", args.size, source.display());
+        crate::write_random_file(&source, args.size)?;
+        let null_node = dir.join("null");
+        crate::make_null_node(&null_node)?;
+        let emu = Emulator::start(params_for(rtts[0]), !args.no_offload)?;
+        let big = [4096, 131072, args.buffers];
+        let big_w = [4096, 16384, args.buffers];
+        let small = [4096, 131072, args.small_rmem];
+        let small_w = [4096, 16384, args.small_wmem];
+        emu.set_tcp_buffers(big, big_w)?;
+        let big_text = emu.tcp_buffers()?;
+        if let Some(name) = &args.congestion_control {
+            // A namespace other than the host's may only pick what the host
+            // allows (net.ipv4.tcp_allowed_congestion_control), which this
+            // program leaves alone.
+            emu.set_sysctl("net.ipv4.tcp_congestion_control", name)
+                .with_context(|| {
+                    let allowed = std::fs::read_to_string(
+                        "/proc/sys/net/ipv4/tcp_allowed_congestion_control",
+                    )
+                    .unwrap_or_default();
+                    format!(
+                        "--congestion-control {name}: namespaces may use only what the host allows: {}",
+                        allowed.trim()
+                    )
+                })?;
+        }
+        let congestion = emu.sysctl("net.ipv4.tcp_congestion_control")?;
+        let listen = format!("{DEVICE_ADDR}:{DAEMON_PORT}").parse()?;
+        let target = format!("127.0.0.1:{DAEMON_PORT}").parse()?;
+        let _relay = Relay::start(emu.name(Side::B), listen, target)?;
+        let mut bench = Bench {
+            args: &args,
+            emu,
+            dir: dir.clone(),
+            pulled: dir.join("pulled.bin"),
+            source,
+            null_node,
+            oxadbd,
+            oxadb,
+            serial: format!("{DEVICE_ADDR}:{DAEMON_PORT}"),
+            timeout: Duration::ZERO,
+            adb_sessions: 0,
+        };
+        let small_text = {
+            bench.emu.set_tcp_buffers(small, small_w)?;
+            let text = bench.emu.tcp_buffers()?;
+            bench.emu.set_tcp_buffers(big, big_w)?;
+            text
+        };
+        bench.warm_up()?;
+        let mut results = Vec::new();
+        for &rtt in &rtts {
+            results.push(run_rtt(
+                &mut bench,
+                rtt,
+                params_for(rtt),
+                &clients,
+                &small_clients,
+                [big, big_w, small, small_w],
+            )?);
+        }
+        ensure!(
+            std::fs::metadata("/dev/null")?.file_type().is_char_device(),
+            "/dev/null is no longer a character device"
+        );
+        let texts = ReportTexts {
+            buffers: big_text,
+            small_buffers: small_text,
+            congestion,
+            adb_version,
+            iperf3_version,
+        };
+        print_report(&args, &bench, &results, &texts);
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    emulator::forget_path(&dir);
+    result
+}
+
+/// Every run of every transfer at one round trip, interleaved.
+fn run_rtt(
+    bench: &mut Bench,
+    rtt: Duration,
+    params: LinkParams,
+    clients: &[Client],
+    small_clients: &[Client],
+    [big, big_w, small, small_w]: [[u64; 3]; 4],
+) -> Result<RttResult> {
+    let ms = rtt.as_secs_f64() * 1e3;
+    bench.emu.set_params(params);
+    // Slowest expected transfer: stop-and-wait, or a 1 MiB window per round trip.
+    let slowest =
+        stop_and_wait_mb_s(false, rtt, params.rate).min((1 << 20) as f64 / rtt.as_secs_f64() / 1e6);
+    bench.timeout = Duration::from_secs(30)
+        + Duration::from_secs_f64(4.0 * bench.args.size as f64 / 1e6 / slowest);
+
+    // The first ping resolves the neighbour (one more round trip): not counted.
+    let ping = |count: &str| {
+        let mut command = bench.emu.command(Side::A, "ping");
+        command.args(["-q", "-n", "-c", count, "-i", "0.2", "-W", "5", DEVICE_ADDR]);
+        bench.run_bounded(&mut command, Duration::from_secs(20), "ping")
+    };
+    ping("1")?;
+    let (_, text) = ping("5")?;
+    let [min, avg, max, mdev] = ping_summary(&text).with_context(|| format!("ping: {text}"))?;
+    let ping_verdict = if params.burst.is_some() {
+        // Each direction waits for the next release: up to one interval more.
+        "not checked: burst release adds up to one interval each way"
+    } else if (avg - ms).abs() <= (0.1 * ms).max(0.2) {
+        "within 10% (or 0.2 ms) of the configured round trip"
+    } else {
+        "OFF by more than 10% (and 0.2 ms) from the configured round trip"
+    };
+    let ping_text = format!("min/avg/max/mdev = {min:.3}/{avg:.3}/{max:.3}/{mdev:.3} ms");
+    eprintln!("RTT {ms} ms: ping {ping_text} ({ping_verdict})");
+
+    let mut rows: Vec<Row> = Vec::new();
+    let row_of = |rows: &mut Vec<Row>, label: &str, push: bool, small: bool| -> usize {
+        if let Some(i) = rows
+            .iter()
+            .position(|r| r.label == label && r.small == small)
+        {
+            return i;
+        }
+        rows.push(Row {
+            label: label.to_string(),
+            push,
+            small,
+            rates: Vec::new(),
+            walls: Vec::new(),
+            drops: Vec::new(),
+            stats: Vec::new(),
+        });
+        rows.len() - 1
+    };
+    // Rows in display order, whatever order the runs take.
+    for &client in clients {
+        for (i, label) in client.labels().iter().enumerate() {
+            row_of(&mut rows, label, i == 0, false);
+        }
+    }
+    for &client in small_clients {
+        for (i, label) in client.labels().iter().enumerate() {
+            row_of(&mut rows, label, i == 0, true);
+        }
+    }
+    let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let size = bench.args.size;
+    let mut record =
+        |rows: &mut Vec<Row>, label: &str, push: bool, small: bool, m: Measured, run: usize| {
+            let i = row_of(rows, label, push, small);
+            let drops = m.link[0].drops + m.link[1].drops;
+            eprintln!(
+                "RTT {ms} ms run {} {:>22}{}: {:7.1} MB/s (wall {:.2} s), drops {drops}",
+                run + 1,
+                label,
+                if small { ", small buffers" } else { "" },
+                m.rate,
+                m.wall.as_secs_f64()
+            );
+            let row = &mut rows[i];
+            row.rates.push(m.rate);
+            row.walls.push(size as f64 / m.wall.as_secs_f64() / 1e6);
+            row.drops.push(drops);
+            row.stats.push(m.stats);
+            for c in &m.link {
+                totals.0 += c.frames;
+                totals.1 += c.drops;
+                totals.2 += c.late_ns_sum;
+                totals.3 = totals.3.max(c.late_ns_max);
+                totals.4 = totals.4.max(c.peak_backlog);
+                totals.5 += c.segments;
+            }
+        };
+    for run in 0..bench.args.runs {
+        for phase_small in [false, true] {
+            let list = if phase_small { small_clients } else { clients };
+            if list.is_empty() {
+                continue;
+            }
+            if phase_small {
+                bench.emu.set_tcp_buffers(small, small_w)?;
+            }
+            // Rotate the order: a slow spell of this shared machine should
+            // hit every transfer, not always the same one.
+            for step in 0..list.len() {
+                let client = list[(run + step) % list.len()];
+                let [push_label, pull_label] = client.labels();
+                let measured: [Measured; 2] = match client {
+                    Client::Iperf3 => [bench.iperf3(false)?, bench.iperf3(true)?],
+                    Client::Adb => {
+                        // adb 29 has no burst mode: classic whatever the daemon offers.
+                        let _daemon = bench.start_daemon("classic")?;
+                        bench.adb_session()?
+                    }
+                    Client::Oxadb(credit) => {
+                        let _daemon = bench.start_daemon(credit)?;
+                        [bench.oxadb(credit, true)?, bench.oxadb(credit, false)?]
+                    }
+                };
+                let [push, pull] = measured;
+                record(&mut rows, &push_label, true, phase_small, push, run);
+                record(&mut rows, &pull_label, false, phase_small, pull, run);
+            }
+            if phase_small {
+                bench.emu.set_tcp_buffers(big, big_w)?;
+            }
+        }
+    }
+    let (frames, drops, late_sum_ns, late_max_ns, peak_backlog, segments) = totals;
+    Ok(RttResult {
+        rtt,
+        params,
+        ping: ping_text,
+        ping_verdict,
+        rows,
+        frames,
+        segments,
+        drops,
+        late_sum_ns,
+        late_max_ns,
+        peak_backlog,
+    })
+}
+
+/// What the report quotes from the tools and the namespaces.
+struct ReportTexts {
+    buffers: String,
+    small_buffers: String,
+    congestion: String,
+    adb_version: String,
+    iperf3_version: String,
+}
+
+fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts: &ReportTexts) {
+    let (big_text, small_text) = (&texts.buffers, &texts.small_buffers);
+    let (adb_version, iperf3_version) = (&texts.adb_version, &texts.iperf3_version);
+    let rate = args.rate_mbit * 1e6 / 8.0;
+    println!("Machine: {}", crate::machine_description());
+    let mut tools = Vec::new();
+    if let Some(line) = adb_version.lines().nth(1) {
+        tools.push(format!(
+            "Google adb {}",
+            line.trim().trim_start_matches("Version ")
+        ));
+    }
+    if let Some(line) = iperf3_version.lines().next() {
+        tools.push(line.trim().to_string());
+    }
+    tools.push(format!(
+        "{} and {}",
+        bench.oxadb.display(),
+        bench.oxadbd.display()
+    ));
+    println!("Tools: {}", tools.join("; "));
+    let rtts: Vec<String> = args.rtts.iter().map(|r| format!("{r}")).collect();
+    println!(
+        "Link: {} Mbit/s each way ({:.1} MB/s of TCP payload in 1500-byte frames), round trips {} ms, burst release {}, tail-drop queue {}, TAP segmentation offload {}",
+        args.rate_mbit,
+        rate * MSS / SEGMENT_WIRE / 1e6,
+        rtts.join(", "),
+        if args.burst_ms > 0.0 {
+            format!("every {} ms", args.burst_ms)
+        } else {
+            "off".to_string()
+        },
+        args.queue_limit.map_or("2 x BDP + 256 KiB".to_string(), |q| format!("{q} bytes")),
+        if bench.emu.offload {
+            "on (64 KiB frames, charged as the 1500-byte frames they stand for)"
+        } else {
+            "off"
+        }
+    );
+    println!(
+        "Namespaces: {} (198.18.0.1/24, every client) and {} (198.18.0.2/24: oxadbd on 127.0.0.1:{DAEMON_PORT} behind a relay thread on 198.18.0.2:{DAEMON_PORT}, the iperf3 server)",
+        bench.emu.name(Side::A),
+        bench.emu.name(Side::B)
+    );
+    println!(
+        "TCP congestion control: {}{}",
+        texts.congestion,
+        if args.congestion_control.is_some() {
+            " (--congestion-control)"
+        } else {
+            " (what a new namespace inherits from the host)"
+        }
+    );
+    println!("TCP buffers: {big_text}");
+    println!("Small-buffer rows: {small_text}");
+    println!(
+        "Transfer: {} MiB of random data per run, {} run(s), interleaved (order rotated per run); pushes into a private character device node (1, 3), pulls into tmpfs, every pull compared with the source byte for byte",
+        args.size >> 20,
+        args.runs
+    );
+    println!(
+        "MB/s are 10^6 bytes/s, as the tool reports them: iperf3's receiver, adb's and oxadb's `(N bytes in T s)`; wall MB/s is the size over the client process's whole life (start, connect, transfer). The stop-and-wait bound is classic flow control's ceiling: one packet per round trip plus its serialization ({:.0} bytes per push packet, {:.0} per pull packet).",
+        packet_payload(true),
+        packet_payload(false)
+    );
+    for result in results {
+        let ms = result.rtt.as_secs_f64() * 1e3;
+        println!();
+        println!("### Round trip {ms} ms");
+        println!();
+        println!(
+            "Ping {}: {}; queue limit {} bytes; link over these transfers: {} frames ({} of 1500 bytes), {} of 1500 bytes dropped, released {:.0} us late on average, {:.0} us at most, longest queue {} bytes",
+            result.ping,
+            result.ping_verdict,
+            result.params.queue_limit,
+            result.frames,
+            result.segments,
+            result.drops,
+            if result.frames == 0 { 0.0 } else { result.late_sum_ns as f64 / result.frames as f64 / 1e3 },
+            result.late_max_ns as f64 / 1e3,
+            result.peak_backlog
+        );
+        println!();
+        println!("| transfer | runs (MB/s) | median MB/s | wall MB/s | vs iperf3 | stop-and-wait bound MB/s | vs bound | frames dropped |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|");
+        let iperf3 = |push: bool| {
+            result
+                .rows
+                .iter()
+                .find(|r| !r.small && r.label.starts_with("iperf3") && r.push == push)
+                .map(|r| crate::median(&mut r.rates.clone()))
+        };
+        for row in &result.rows {
+            let median = crate::median(&mut row.rates.clone());
+            let wall = crate::median(&mut row.walls.clone());
+            let versus = iperf3(row.push).map_or("-".to_string(), |i| format!("{:.2}", median / i));
+            let (bound, versus_bound) = if row.label.starts_with("iperf3") {
+                ("-".to_string(), "-".to_string())
+            } else {
+                let bound = stop_and_wait_mb_s(row.push, result.rtt, rate);
+                (format!("{bound:.1}"), format!("{:.2}", median / bound))
+            };
+            let drops: Vec<String> = row.drops.iter().map(|d| d.to_string()).collect();
+            println!(
+                "| {}{} | {} | {median:.1} | {wall:.1} | {versus} | {bound} | {versus_bound} | {} |",
+                row.label,
+                if row.small { ", small buffers" } else { "" },
+                row.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
+                drops.join(", ")
+            );
+        }
+    }
+    println!();
+    println!("### oxadb --stats (the sync stream, as the client saw it)");
+    for result in results {
+        for row in result.rows.iter().filter(|r| r.label.starts_with("oxadb")) {
+            for (run, stats) in row.stats.iter().enumerate() {
+                println!();
+                println!(
+                    "{}{}, round trip {} ms, run {}:",
+                    row.label,
+                    if row.small { ", small buffers" } else { "" },
+                    result.rtt.as_secs_f64() * 1e3,
+                    run + 1
+                );
+                println!("```");
+                for line in stats {
+                    println!("{line}");
+                }
+                println!("```");
+            }
+        }
+    }
+}

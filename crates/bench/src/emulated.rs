@@ -734,10 +734,13 @@ fn run_rtt(
     let ping_verdict = if params.burst.is_some() {
         // Each direction waits for the next release: up to one interval more.
         "not checked: burst release adds up to one interval each way"
-    } else if (avg - ms).abs() <= (0.1 * ms).max(0.2) {
-        "within 10% (or 0.2 ms) of the configured round trip"
+    } else if (min - ms).abs() <= (0.1 * ms).max(0.2) {
+        // The minimum: a shared VM that deschedules the forwarder adds
+        // milliseconds to single pings (worst release seen: 19 ms late),
+        // never takes any away.
+        "within 10% (or 0.2 ms) of the configured round trip (minimum)"
     } else {
-        "OFF by more than 10% (and 0.2 ms) from the configured round trip"
+        "OFF by more than 10% (and 0.2 ms) from the configured round trip (minimum)"
     };
     let ping_text = format!("min/avg/max/mdev = {min:.3}/{avg:.3}/{max:.3}/{mdev:.3} ms");
     eprintln!("RTT {ms} ms: ping {ping_text} ({ping_verdict})");

@@ -541,7 +541,7 @@ fn randomised_transfers_complete_within_credit_under_every_policy_pair() {
             },
         ),
     ];
-    for seed in 1..=400u64 {
+    for seed in 1..=2000u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let max_payload = [4096u32, 16 * 1024, 64 * 1024][rng.below(3) as usize];
         let make = |role: Role, rng: &mut Rng| {

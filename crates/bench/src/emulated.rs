@@ -199,6 +199,26 @@ struct Background {
 }
 
 impl Background {
+    /// Starts `command` and waits until it listens on `port` (stopped again
+    /// if it does not).
+    fn spawn_listening(
+        command: &mut Command,
+        port: u16,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<Background> {
+        let mut background = Background {
+            child: Some(emulator::spawn_registered(command)?),
+        };
+        wait_listening(
+            background.child.as_mut().expect("started"),
+            port,
+            timeout,
+            what,
+        )?;
+        Ok(background)
+    }
+
     /// SIGTERM, up to `grace` to exit, then SIGKILL.
     fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {
@@ -378,19 +398,14 @@ impl Bench<'_> {
     fn iperf3(&self, reverse: bool) -> Result<Measured> {
         let log = File::create(self.dir.join("iperf3-server.txt"))?;
         // -1: the server exits after one test.
-        let mut server = Background {
-            child: Some(emulator::spawn_registered(
-                self.emu
-                    .command(Side::B, &self.args.iperf3)
-                    .args(["-s", "-1", "-B", DEVICE_ADDR, "-p"])
-                    .arg(IPERF3_PORT.to_string())
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone()?)
-                    .stderr(log),
-            )?),
-        };
-        wait_listening(
-            server.child.as_mut().expect("started"),
+        let mut server = Background::spawn_listening(
+            self.emu
+                .command(Side::B, &self.args.iperf3)
+                .args(["-s", "-1", "-B", DEVICE_ADDR, "-p"])
+                .arg(IPERF3_PORT.to_string())
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
             IPERF3_PORT,
             Duration::from_secs(5),
             "the iperf3 server",
@@ -424,25 +439,19 @@ impl Bench<'_> {
     /// oxadbd inside namespace b on 127.0.0.1:5555 with `credit`.
     fn start_daemon(&self, credit: &str) -> Result<Background> {
         let log = File::create(self.dir.join(format!("oxadbd-{credit}.log")))?;
-        let mut daemon = Background {
-            child: Some(emulator::spawn_registered(
-                self.emu
-                    .command(Side::B, &self.oxadbd)
-                    .arg("--listen")
-                    .arg(format!("127.0.0.1:{DAEMON_PORT}"))
-                    .args(["--credit", credit])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(log),
-            )?),
-        };
-        wait_listening(
-            daemon.child.as_mut().expect("started"),
+        Background::spawn_listening(
+            self.emu
+                .command(Side::B, &self.oxadbd)
+                .arg("--listen")
+                .arg(format!("127.0.0.1:{DAEMON_PORT}"))
+                .args(["--credit", credit])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log),
             DAEMON_PORT,
             Duration::from_secs(10),
             "oxadbd",
-        )?;
-        Ok(daemon)
+        )
     }
 
     fn oxadb(&self, credit: &str, push: bool) -> Result<Measured> {

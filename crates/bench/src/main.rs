@@ -135,7 +135,7 @@ fn main() -> Result<()> {
             size,
             runs,
             workdir,
-        } => receive_paths_bench(size, runs, &workdir),
+        } => receive_paths::receive_paths(size, runs, &workdir),
         Bench::StreamMemory {
             oxadbd,
             credits,
@@ -714,64 +714,4 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn receive_paths_bench(size: u64, runs: usize, workdir: &Path) -> Result<()> {
-    use receive_paths::{copy_once, ReceivePath};
-    let source = workdir.join(format!("oxadb-bench-floor-src-{}", std::process::id()));
-    let dest = workdir.join(format!("oxadb-bench-floor-dst-{}", std::process::id()));
-    let result = (|| -> Result<()> {
-        write_random_file(&source, size)?;
-        let mut raw = Vec::new();
-        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); ReceivePath::ALL.len()];
-        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); ReceivePath::ALL.len()];
-        let gib = size as f64 / (1u64 << 30) as f64;
-        for run in 0..runs {
-            let rate = size as f64 / raw_tcp(size)?.as_secs_f64() / 1e6;
-            eprintln!("run {} raw TCP: {rate:.0} MB/s", run + 1);
-            raw.push(rate);
-            for step in 0..ReceivePath::ALL.len() {
-                let which = (run + step) % ReceivePath::ALL.len();
-                let path = ReceivePath::ALL[which];
-                let (elapsed, receiver_cpu) = copy_once(&source, &dest, path)?;
-                ensure!(
-                    same_contents(&source, &dest)?,
-                    "{}: the copy differs from the source",
-                    path.name()
-                );
-                std::fs::remove_file(&dest)?;
-                let rate = size as f64 / elapsed.as_secs_f64() / 1e6;
-                eprintln!("run {} {}: {rate:.0} MB/s", run + 1, path.name());
-                rates[which].push(rate);
-                cpu[which].push(receiver_cpu / gib);
-            }
-        }
-        println!("Machine: {}", machine_description());
-        println!(
-            "Transfer: {} MiB of random data per run into a tmpfs file, {runs} runs, interleaved",
-            size >> 20
-        );
-        println!();
-        println!("| receive path | runs (MB/s) | median MB/s | vs raw TCP | receiver CPU s/GiB |");
-        println!("|---|---|---|---|---|");
-        let raw_median = median(&mut raw.clone());
-        println!(
-            "| raw TCP (no file) | {} | {raw_median:.0} | 1.00 | |",
-            list_runs(&raw)
-        );
-        for (which, path) in ReceivePath::ALL.iter().enumerate() {
-            let list = list_runs(&rates[which]);
-            let med = median(&mut rates[which]);
-            println!(
-                "| {} | {list} | {med:.0} | {:.2} | {:.2} |",
-                path.name(),
-                med / raw_median,
-                median(&mut cpu[which])
-            );
-        }
-        Ok(())
-    })();
-    let _ = std::fs::remove_file(&source);
-    let _ = std::fs::remove_file(&dest);
-    result
 }

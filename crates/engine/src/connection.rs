@@ -245,6 +245,24 @@ impl Stream {
         }
     }
 
+    /// After the application queued data: an open stream may now wait for
+    /// credit, and one that had nothing to send needs a turn.
+    fn on_queued(
+        &mut self,
+        was_empty: bool,
+        sendable: &mut VecDeque<u32>,
+        local_id: u32,
+        now_ns: u64,
+    ) {
+        if self.state != StreamState::Open {
+            return;
+        }
+        self.note_credit(now_ns);
+        if was_empty {
+            self.queue_for_send(sendable, local_id);
+        }
+    }
+
     /// Starts or ends the "waiting for credit" interval after a change.
     fn note_credit(&mut self, now_ns: u64) {
         let waiting = !self.outgoing.is_empty() && !self.send.can_send();
@@ -877,12 +895,7 @@ impl Connection {
         if taken > 0 {
             let was_empty = stream.outgoing.is_empty();
             stream.outgoing.extend_from_slice(&data[..taken]);
-            if stream.state == StreamState::Open {
-                stream.note_credit(self.now_ns);
-            }
-            if was_empty && stream.state == StreamState::Open {
-                stream.queue_for_send(&mut self.sendable, id.0);
-            }
+            stream.on_queued(was_empty, &mut self.sendable, id.0, self.now_ns);
         }
         Ok(taken)
     }
@@ -903,15 +916,10 @@ impl Connection {
         }
         let was_empty = stream.outgoing.is_empty();
         stream.outgoing.push_bytes(data);
-        if stream.state == StreamState::Open {
-            stream.note_credit(self.now_ns);
-        }
         if stream.outgoing.len() >= self.config.send_buffer {
             stream.writer_blocked = true;
         }
-        if was_empty && stream.state == StreamState::Open {
-            stream.queue_for_send(&mut self.sendable, id.0);
-        }
+        stream.on_queued(was_empty, &mut self.sendable, id.0, self.now_ns);
         Ok(())
     }
 

@@ -146,6 +146,11 @@ pub struct Outcome {
     /// The most the device ever held unread, over all streams (sampled after
     /// arrivals, before the consumer reads).
     pub peak_buffered: u64,
+    /// The most payload ever sent by the host and not yet consumed by the
+    /// device, over all streams: what the grants let exist between the two
+    /// applications (the sender's queue, the link, the device's buffer).
+    /// Sampled with `peak_buffered`.
+    pub peak_in_flight: u64,
     /// OKAY packets the device put on the link, including each stream's accept.
     pub okays_sent: u64,
     /// WRTE packets the host put on the link.

@@ -143,7 +143,10 @@ struct Simulation<'a> {
     last_consumed_ns: u64,
     okays_sent: u64,
     wrtes_sent: u64,
+    /// WRTE payload the host put on the link, all streams.
+    payload_sent: u64,
     peak_buffered: u64,
+    peak_in_flight: u64,
     series: Vec<(u64, u64)>,
     /// The series interval being filled: (start ns, most buffered).
     series_bucket: Option<(u64, u64)>,
@@ -201,7 +204,9 @@ impl<'a> Simulation<'a> {
             last_consumed_ns: 0,
             okays_sent: 0,
             wrtes_sent: 0,
+            payload_sent: 0,
             peak_buffered: 0,
+            peak_in_flight: 0,
             series: Vec::new(),
             series_bucket: None,
             device_budget,
@@ -466,6 +471,7 @@ impl<'a> Simulation<'a> {
             progress = true;
             if packet.command == Command::Wrte {
                 self.wrtes_sent += 1;
+                self.payload_sent += packet.payload.len() as u64;
             }
             self.put(Side::Device, packet);
         }
@@ -554,8 +560,12 @@ impl<'a> Simulation<'a> {
         for receiver in receivers.iter_mut().filter(|r| r.finished_ns.is_none()) {
             total += self.sample_stream(receiver);
         }
+        let consumed: u64 = receivers.iter().map(|r| r.consumed).sum();
         self.receivers = receivers;
         self.peak_buffered = self.peak_buffered.max(total);
+        self.peak_in_flight = self
+            .peak_in_flight
+            .max(self.payload_sent.saturating_sub(consumed));
         let interval = self.scenario.series_interval_ns.max(1);
         let start = self.now / interval * interval;
         match &mut self.series_bucket {
@@ -628,6 +638,7 @@ impl<'a> Simulation<'a> {
             throughput,
             link_utilisation: throughput / link_rate,
             peak_buffered: self.peak_buffered,
+            peak_in_flight: self.peak_in_flight,
             okays_sent: self.okays_sent,
             wrtes_sent: self.wrtes_sent,
             budget_peak: self.device_budget.as_ref().map(|b| b.peak()),

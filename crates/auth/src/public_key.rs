@@ -218,10 +218,9 @@ impl PublicKey {
         Self::parse_adbkey_pub_at(line, "adbkey.pub line")
     }
 
-    pub(crate) fn parse_adbkey_pub_at(
-        line: &str,
-        origin: &str,
-    ) -> Result<(PublicKey, String), KeyError> {
+    /// Like [`PublicKey::parse_adbkey_pub`], naming `origin` (a file, say)
+    /// in errors.
+    pub fn parse_adbkey_pub_at(line: &str, origin: &str) -> Result<(PublicKey, String), KeyError> {
         let line = line.trim_matches(|c: char| c == '\0' || c.is_whitespace());
         if line.is_empty() {
             return Err(format_error(origin, "empty line"));

@@ -59,6 +59,13 @@ pub struct Config {
     /// Adaptive policy: add headroom for data and acknowledgements that
     /// arrive in clumps (seed 004); off only for ablation runs.
     pub ack_headroom: bool,
+    /// Device role: a host's CNXN is answered only once the driver calls
+    /// [`Connection::authorize`] (after checking a signature); until then
+    /// nothing but CNXN and AUTH is accepted.
+    pub require_auth: bool,
+    /// Streams the peer may have open on this connection at once; OPENs
+    /// beyond it are refused (CLSE), the connection goes on.
+    pub max_streams: usize,
 }
 
 impl Config {
@@ -76,9 +83,16 @@ impl Config {
             send_buffer: MAX_PAYLOAD as usize,
             memory_budget: None,
             ack_headroom: true,
+            require_auth: false,
+            max_streams: DEFAULT_MAX_STREAMS,
         }
     }
 }
+
+/// Default for [`Config::max_streams`]: far more than adb opens (a push or a
+/// shell is one stream; port forwards one per connection), and a bound on
+/// what a peer can make us hold.
+pub const DEFAULT_MAX_STREAMS: usize = 1024;
 
 /// A protocol violation by the peer: the connection must be closed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -105,6 +119,10 @@ pub enum ProtocolError {
     Unsupported(Command),
     #[error("AUTH of unexpected type {0}")]
     BadAuth(u32),
+    #[error("{0} before authentication")]
+    BeforeAuth(Command),
+    #[error("AUTH after authentication")]
+    AuthWhenOnline,
 }
 
 /// AUTH packet types (arg0).
@@ -143,6 +161,18 @@ pub enum Event {
     /// The device asks us (the host) to sign `token`; answer with
     /// [`Connection::send_auth`]. `attempt` counts challenges on this connection.
     AuthChallenge { token: Bytes, attempt: u32 },
+    /// Device role with [`Config::require_auth`]: a host sent CNXN and must
+    /// prove who it is; send it a fresh random token with
+    /// [`Connection::send_auth_token`].
+    TokenNeeded,
+    /// The host signed `token` (the one outstanding when the signature
+    /// arrived; it is used up). Verify, then [`Connection::authorize`], or
+    /// send a new token.
+    AuthSignature { token: Bytes, signature: Bytes },
+    /// The host offers its public key (after its signatures were refused):
+    /// [`Connection::authorize`] to trust it without proof, or ignore it
+    /// and the host stays unauthorized.
+    AuthPublicKey { key: Bytes },
     /// Our OPEN was accepted.
     Opened(StreamId),
     /// Our OPEN was refused (the stream is gone).
@@ -304,6 +334,10 @@ pub struct Connection {
     /// Streams we closed while our OPEN was unanswered.
     abandoned_opens: HashSet<u32>,
     auth_challenges: u32,
+    /// Device role: a host's CNXN waiting for authentication.
+    pending_peer: Option<Peer>,
+    /// Device role: the token a signature must sign (one signature each).
+    auth_token: Option<Bytes>,
     /// The driver's clock (ns since an arbitrary start), for round trips and
     /// rates; set with [`Connection::set_time`]. A simulator passes virtual time.
     now_ns: u64,
@@ -322,6 +356,8 @@ impl Connection {
             okay_scratch: Vec::new(),
             abandoned_opens: HashSet::new(),
             auth_challenges: 0,
+            pending_peer: None,
+            auth_token: None,
             now_ns: 0,
         };
         if connection.config.role == Role::Host {
@@ -498,9 +534,10 @@ impl Connection {
             Command::Auth if self.config.role == Role::Host => {
                 self.on_auth_as_host(header, payload)
             }
-            // Device-side authentication is not implemented yet: a host never
-            // sends AUTH unless asked, and STLS only answers a device's STLS.
-            Command::Auth | Command::Stls => Err(ProtocolError::Unsupported(header.command)),
+            Command::Auth => self.on_auth_as_device(header, payload),
+            // STLS only answers a device's STLS, which we never send.
+            Command::Stls => Err(ProtocolError::Unsupported(header.command)),
+            command if self.pending_peer.is_some() => Err(ProtocolError::BeforeAuth(command)),
             command if !self.is_online() => Err(ProtocolError::BeforeHandshake(command)),
             Command::Open => {
                 self.on_open(header, payload);
@@ -541,6 +578,20 @@ impl Connection {
             banner = %peer.banner.encode(),
             "CNXN negotiated"
         );
+        if self.config.role == Role::Device && self.config.require_auth {
+            // A CNXN (even a repeated one: the host restarted) is answered
+            // only after the host proves it holds a trusted key.
+            self.peer = None;
+            self.pending_peer = Some(peer);
+            self.auth_token = None;
+            self.events.push_back(Event::TokenNeeded);
+            return Ok(());
+        }
+        self.go_online(peer);
+        Ok(())
+    }
+
+    fn go_online(&mut self, peer: Peer) {
         let reply = Packet::new(
             Command::Cnxn,
             peer.version,
@@ -552,7 +603,53 @@ impl Connection {
             self.control.push_back(reply);
         }
         self.events.push_back(Event::Connected);
+    }
+
+    fn on_auth_as_device(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
+        if self.is_online() {
+            return Err(ProtocolError::AuthWhenOnline);
+        }
+        if self.pending_peer.is_none() {
+            return Err(ProtocolError::BeforeHandshake(Command::Auth));
+        }
+        match header.arg0 {
+            AUTH_SIGNATURE => match self.auth_token.take() {
+                Some(token) => self.events.push_back(Event::AuthSignature {
+                    token,
+                    signature: payload,
+                }),
+                // Each token takes one signature: a second one (a replay, or a
+                // host trying keys faster than we hand out tokens) proves nothing.
+                None => tracing::warn!("ignoring an AUTH signature with no token outstanding"),
+            },
+            AUTH_RSAPUBLICKEY => self.events.push_back(Event::AuthPublicKey { key: payload }),
+            other => return Err(ProtocolError::BadAuth(other)),
+        }
         Ok(())
+    }
+
+    /// Device role: challenges the host with `token` (fresh random bytes,
+    /// [`oxadb_wire`]'s 20-byte AUTH token), replacing any outstanding one.
+    pub fn send_auth_token(&mut self, token: Bytes) {
+        if self.pending_peer.is_none() {
+            return;
+        }
+        self.auth_token = Some(token.clone());
+        self.control
+            .push_back(Packet::new(Command::Auth, AUTH_TOKEN, 0, token));
+    }
+
+    /// Device role: the host is authenticated; answer its CNXN.
+    pub fn authorize(&mut self) {
+        if let Some(peer) = self.pending_peer.take() {
+            self.auth_token = None;
+            self.go_online(peer);
+        }
+    }
+
+    /// Device role: a host has sent CNXN and not yet authenticated.
+    pub fn awaiting_auth(&self) -> bool {
+        self.pending_peer.is_some()
     }
 
     fn on_auth_as_host(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
@@ -616,6 +713,17 @@ impl Connection {
             return;
         };
         let service = service.to_string();
+        if self.streams.len() >= self.config.max_streams {
+            tracing::warn!(
+                remote_id,
+                %service,
+                open_streams = self.streams.len(),
+                "refusing OPEN: the connection already has its maximum of streams"
+            );
+            self.control
+                .push_back(Packet::new(Command::Clse, 0, remote_id, Bytes::new()));
+            return;
+        }
         let send = if self.delayed_ack() {
             SendCredit::Delayed {
                 available: i64::from(header.arg1),

@@ -431,6 +431,124 @@ fn host_answers_auth_challenges() {
     );
 }
 
+/// Moves every packet `from` has for `to`; returns them.
+fn pass(to: &mut Connection, from: &mut Connection) -> Vec<Packet> {
+    let mut moved = Vec::new();
+    while let Some(packet) = from.poll_transmit() {
+        deliver(to, from, &packet).unwrap();
+        moved.push(packet);
+    }
+    moved
+}
+
+fn auth_packet(kind: u32, payload: &'static [u8]) -> Packet {
+    Packet::new(Command::Auth, kind, 0, Bytes::from_static(payload))
+}
+
+#[test]
+fn a_device_requiring_auth_answers_cnxn_only_once_authorized() {
+    let mut device_config = config(Role::Device, true);
+    device_config.require_auth = true;
+    let mut device = Connection::new(device_config);
+    let mut host = Connection::new(config(Role::Host, true));
+    pass(&mut device, &mut host);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert!(device.awaiting_auth() && !device.is_online());
+    assert!(device.poll_transmit().is_none(), "no CNXN before auth");
+
+    device.send_auth_token(Bytes::from_static(&[1; 20]));
+    let sent = pass(&mut host, &mut device);
+    assert_eq!((sent[0].command, sent[0].arg0), (Command::Auth, AUTH_TOKEN));
+    assert!(matches!(
+        host.poll_event(),
+        Some(Event::AuthChallenge { .. })
+    ));
+
+    // A signature is handed over with the token it must sign, once.
+    let signature = auth_packet(AUTH_SIGNATURE, b"sig");
+    deliver(&mut device, &host, &signature).unwrap();
+    assert_eq!(
+        device.poll_event(),
+        Some(Event::AuthSignature {
+            token: Bytes::from_static(&[1; 20]),
+            signature: Bytes::from_static(b"sig"),
+        })
+    );
+    deliver(&mut device, &host, &signature).unwrap();
+    assert_eq!(
+        device.poll_event(),
+        None,
+        "a second signature for a used token"
+    );
+
+    // Refused: a new token; the host offers its key, which the driver may trust.
+    device.send_auth_token(Bytes::from_static(&[2; 20]));
+    pass(&mut host, &mut device);
+    let key = auth_packet(AUTH_RSAPUBLICKEY, b"key\0");
+    deliver(&mut device, &host, &key).unwrap();
+    assert_eq!(
+        device.poll_event(),
+        Some(Event::AuthPublicKey {
+            key: Bytes::from_static(b"key\0")
+        })
+    );
+    // Streams before authentication end the connection.
+    let open = Packet::new(Command::Open, 1, 0, Bytes::from_static(b"shell:id\0"));
+    assert_eq!(
+        deliver(&mut device, &host, &open),
+        Err(ProtocolError::BeforeAuth(Command::Open))
+    );
+
+    device.authorize();
+    assert_eq!(device.poll_event(), Some(Event::Connected));
+    let sent = pass(&mut host, &mut device);
+    assert_eq!(sent.last().unwrap().command, Command::Cnxn);
+    assert!(host.is_online() && device.is_online());
+    assert_eq!(
+        deliver(&mut device, &host, &signature),
+        Err(ProtocolError::AuthWhenOnline)
+    );
+}
+
+#[test]
+fn auth_packets_out_of_place_are_protocol_errors() {
+    let mut device_config = config(Role::Device, true);
+    device_config.require_auth = true;
+    let mut device = Connection::new(device_config);
+    let host = Connection::new(config(Role::Host, true));
+    // Before CNXN.
+    assert_eq!(
+        deliver(&mut device, &host, &auth_packet(AUTH_SIGNATURE, b"sig")),
+        Err(ProtocolError::BeforeHandshake(Command::Auth))
+    );
+    let cnxn = Packet::new(
+        Command::Cnxn,
+        VERSION_SKIP_CHECKSUM,
+        4096,
+        Bytes::from_static(b"host::\0"),
+    );
+    deliver(&mut device, &host, &cnxn).unwrap();
+    // A token sent to a device.
+    assert_eq!(
+        deliver(&mut device, &host, &auth_packet(AUTH_TOKEN, &[0; 20])),
+        Err(ProtocolError::BadAuth(AUTH_TOKEN))
+    );
+}
+
+#[test]
+fn opens_beyond_the_stream_limit_are_refused() {
+    let mut device_config = config(Role::Device, true);
+    device_config.max_streams = 3;
+    let mut pair = Pair::new(config(Role::Host, true), device_config);
+    for _ in 0..3 {
+        pair.open("sink:");
+    }
+    let refused = pair.host.open("sink:").unwrap();
+    pair.drive();
+    assert_eq!(pair.host.poll_event(), Some(Event::Refused(refused)));
+    assert_eq!(pair.device.poll_event(), None);
+}
+
 #[test]
 fn whole_chunks_keep_flowing() {
     for delayed_ack in [true, false] {

@@ -69,9 +69,33 @@ struct StreamWakers {
 /// stay silent (waiting for the user to accept the key on the device).
 pub type AuthResponder = Box<dyn FnMut(&[u8], u32) -> Option<AuthReply> + Send>;
 
+/// Device role: decides who may connect (`oxadbd --auth`). Called with the
+/// connection's engine locked, so each call must be quick (an RSA-2048
+/// verification is about 50 us).
+pub trait Authenticator: Send + Sync {
+    /// A fresh, unpredictable token (20 bytes, as adbd sends).
+    fn token(&self) -> Bytes;
+    /// Whether `signature` signs `token` with a trusted key.
+    fn verify(&self, peer: &str, token: &[u8], signature: &[u8]) -> bool;
+    /// The host offers `key` (adb's base64 public key text, NUL-terminated)
+    /// after its signatures failed: whether to trust it without proof.
+    fn offer_key(&self, peer: &str, key: &[u8]) -> bool;
+    /// How long to wait before the next token after `failures` refused
+    /// signatures on this connection (rate-limits guessing).
+    fn retry_delay(&self, failures: u32) -> std::time::Duration;
+}
+
 struct State {
     engine: oxadb_engine::Connection,
     auth: Option<AuthResponder>,
+    authenticator: Option<Arc<dyn Authenticator>>,
+    /// Signatures refused on this connection.
+    auth_failures: u32,
+    /// The peer's address, for the authenticator's logs.
+    label: String,
+    /// A refused signature's next token waits this long (set by
+    /// `dispatch_events`, taken by the reader, which owns a handle to spawn with).
+    token_delay: Option<std::time::Duration>,
     /// The device challenged us and we have no more answers: it is "unauthorized"
     /// until its user accepts our public key.
     awaiting_user: bool,
@@ -94,6 +118,40 @@ impl State {
                     self.awaiting_user = !matches!(reply, Some(AuthReply::Signature(_)));
                     if let Some(reply) = reply {
                         self.engine.send_auth(reply);
+                    }
+                }
+                Event::TokenNeeded => self.send_token(),
+                Event::AuthSignature { token, signature } => {
+                    let peer = self.label.clone();
+                    let trusted = self
+                        .authenticator
+                        .as_ref()
+                        .is_some_and(|auth| auth.verify(&peer, &token, &signature));
+                    if trusted {
+                        self.engine.authorize();
+                    } else {
+                        self.auth_failures += 1;
+                        let delay = self
+                            .authenticator
+                            .as_ref()
+                            .map_or(std::time::Duration::ZERO, |auth| {
+                                auth.retry_delay(self.auth_failures)
+                            });
+                        if delay.is_zero() {
+                            self.send_token();
+                        } else {
+                            self.token_delay = Some(delay);
+                        }
+                    }
+                }
+                Event::AuthPublicKey { key } => {
+                    let peer = self.label.clone();
+                    if self
+                        .authenticator
+                        .as_ref()
+                        .is_some_and(|auth| auth.offer_key(&peer, &key))
+                    {
+                        self.engine.authorize();
                     }
                 }
                 Event::Connected => {
@@ -131,6 +189,13 @@ impl State {
                     }
                 }
             }
+        }
+    }
+
+    fn send_token(&mut self) {
+        if let Some(auth) = &self.authenticator {
+            let token = auth.token();
+            self.engine.send_auth_token(token);
         }
     }
 
@@ -260,6 +325,25 @@ impl Connection {
         Connection::start_with_auth(reader, writer, config, label, None)
     }
 
+    /// Device role with [`Config::require_auth`](oxadb_engine::Config): hosts
+    /// are let in by `authenticator`.
+    pub fn start_device<R, W>(
+        reader: R,
+        writer: W,
+        config: Config,
+        label: impl Into<String>,
+        authenticator: Option<Arc<dyn Authenticator>>,
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        Connection::start_inner(reader, writer, config, label.into(), None, authenticator)
+    }
+
     /// Like [`Connection::start`], answering AUTH challenges with `auth` (host role).
     pub fn start_with_auth<R, W>(
         reader: R,
@@ -275,11 +359,33 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        Connection::start_inner(reader, writer, config, label.into(), auth, None)
+    }
+
+    fn start_inner<R, W>(
+        reader: R,
+        writer: W,
+        config: Config,
+        label: String,
+        auth: Option<AuthResponder>,
+        authenticator: Option<Arc<dyn Authenticator>>,
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let engine = oxadb_engine::Connection::new(config);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 engine,
                 auth,
+                authenticator,
+                auth_failures: 0,
+                label: label.clone(),
+                token_delay: None,
                 awaiting_user: false,
                 streams: HashMap::new(),
                 incoming: VecDeque::new(),
@@ -289,7 +395,7 @@ impl Connection {
             }),
             transmit: Notify::new(),
             close_requested: Notify::new(),
-            label: label.into(),
+            label,
             epoch: std::time::Instant::now(),
         });
         if shared.lock().engine.has_transmit() {
@@ -328,6 +434,28 @@ impl Connection {
         Connection::start_tcp_with_auth(stream, config, None)
     }
 
+    /// Device role over TCP (Nagle off), hosts let in by `authenticator`
+    /// when `config.require_auth` is set.
+    pub fn start_tcp_device(
+        stream: tokio::net::TcpStream,
+        config: Config,
+        authenticator: Option<Arc<dyn Authenticator>>,
+    ) -> io::Result<(
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )> {
+        stream.set_nodelay(true)?;
+        let label = stream.peer_addr()?.to_string();
+        let (reader, writer) = stream.into_split();
+        Ok(Connection::start_device(
+            reader,
+            writer,
+            config,
+            label,
+            authenticator,
+        ))
+    }
+
     /// Like [`Connection::start_tcp`], answering AUTH challenges with `auth` (host role).
     pub fn start_tcp_with_auth(
         stream: tokio::net::TcpStream,
@@ -343,6 +471,11 @@ impl Connection {
         Ok(Connection::start_with_auth(
             reader, writer, config, label, auth,
         ))
+    }
+
+    /// Device role: the host sent CNXN and has not authenticated yet.
+    pub fn awaiting_auth(&self) -> bool {
+        self.shared.lock().engine.awaiting_auth()
     }
 
     /// Whether the device refused our keys and waits for its user to accept ours.
@@ -462,7 +595,7 @@ impl Connection {
 /// one syscall, and a large payload is read straight into place.
 const READ_CHUNK: usize = 256 * 1024;
 
-async fn read_loop<R: AsyncRead + Unpin>(shared: &Shared, mut reader: R) -> ConnectionError {
+async fn read_loop<R: AsyncRead + Unpin>(shared: &Arc<Shared>, mut reader: R) -> ConnectionError {
     // Payloads are split off this buffer and handed to streams as `Bytes`
     // without copying; fresh capacity is reserved as they are given away.
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
@@ -498,6 +631,17 @@ async fn read_loop<R: AsyncRead + Unpin>(shared: &Shared, mut reader: R) -> Conn
             };
             if handled {
                 shared.after_engine_call(&mut state);
+                if let Some(delay) = state.token_delay.take() {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let mut state = shared.lock();
+                        if state.closed.is_none() && state.engine.awaiting_auth() {
+                            state.send_token();
+                            shared.after_engine_call(&mut state);
+                        }
+                    });
+                }
             }
             need
         };

@@ -71,6 +71,49 @@ enum Command {
     GetState,
     /// Print the version of oxadb.
     Version,
+    /// Generate an adb key pair: FILE (private, mode 0600) and FILE.pub (the
+    /// line a device's keys file takes: `oxadbd trust-key FILE.pub`).
+    Keygen {
+        #[arg(value_name = "FILE")]
+        file: std::path::PathBuf,
+    },
+}
+
+/// `oxadb keygen FILE`, as `adb keygen`, except that an existing key is
+/// never overwritten.
+fn keygen(file: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let key = oxadb_auth::PrivateKey::generate()?;
+    let public_path = {
+        let mut name = file.as_os_str().to_owned();
+        name.push(".pub");
+        std::path::PathBuf::from(name)
+    };
+    let mut private = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| {
+            format!(
+                "creating {} (an existing key is never overwritten)",
+                file.display()
+            )
+        })?;
+    private
+        .write_all(key.to_pem().as_bytes())
+        .and_then(|()| private.sync_all())
+        .with_context(|| format!("writing {}", file.display()))?;
+    std::fs::write(
+        &public_path,
+        key.public_key()
+            .to_adbkey_pub(&oxadb_auth::default_comment()),
+    )
+    .with_context(|| format!("writing {}", public_path.display()))?;
+    println!("wrote {} and {}", file.display(), public_path.display());
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -138,6 +181,10 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
+    if let Command::Keygen { file } = &args.command {
+        keygen(file)?;
+        return Ok(0);
+    }
     let mut options = ConnectOptions::default();
     if args.no_burst {
         options.credit = oxadb::CreditMode::Classic;
@@ -182,7 +229,7 @@ async fn run(args: Args) -> anyhow::Result<i32> {
             println!("device");
             0
         }
-        Command::Version => unreachable!("handled above"),
+        Command::Version | Command::Keygen { .. } => unreachable!("handled above"),
     };
     device.close();
     Ok(code)

@@ -31,6 +31,7 @@ fn start_daemon(delayed_ack: bool) -> SocketAddr {
                 },
                 memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
                 ack_headroom: true,
+                access: oxadbd::config::Access::defaults(addr).unwrap(),
             };
             oxadbd::server::serve(listener, config).await.unwrap();
         });

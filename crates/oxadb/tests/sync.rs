@@ -86,6 +86,7 @@ async fn connect(mode: Mode) -> Setup {
             oxadbd::config::BudgetLimits::from_limit(256 << 20)
         },
         ack_headroom: mode != Mode::BurstTinyBudget,
+        access: oxadbd::config::Access::defaults(listen).unwrap(),
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let options = ConnectOptions {

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub use oxadb_engine::{BudgetLimits, CreditMode};
 use oxadb_wire::{feature, Banner};
@@ -29,11 +30,11 @@ pub enum ConfigError {
     #[error("invalid listen address {0:?}: expected ADDR:PORT, e.g. 127.0.0.1:5555")]
     BadListen(String),
     #[error(
-        "refusing to listen on {0}: oxadbd has no authentication yet and gives a root shell, \
-         so it only listens on loopback (e.g. 127.0.0.1:5555 or [::1]:5555); \
-         reach it remotely through an SSH tunnel"
+        "refusing to listen on {0} without authentication: oxadbd gives a root shell; \
+         drop --no-auth (hosts then need a key trusted with `oxadbd trust-key`), \
+         or give --insecure if every host that can reach {0} may have root"
     )]
-    NotLoopback(SocketAddr),
+    UnauthenticatedExposure(SocketAddr),
     #[error("config file {path}: {message}")]
     BadValue { path: PathBuf, message: String },
 }
@@ -56,6 +57,21 @@ pub struct FileConfig {
     /// `false` turns off the adaptive window's headroom for clumped
     /// deliveries (for ablation runs).
     pub ack_headroom: Option<bool>,
+    /// `true`: hosts must authenticate even on loopback; `false`: they need
+    /// not (refused beyond loopback unless `insecure = true`).
+    pub auth: Option<bool>,
+    /// The authorized keys file (adb's `adb_keys` format).
+    pub keys: Option<PathBuf>,
+    /// Trust and record any public key a host offers (trust on first use).
+    pub accept_new_keys: Option<bool>,
+    /// Allow listening beyond loopback without authentication.
+    pub insecure: Option<bool>,
+    pub max_connections: Option<usize>,
+    pub max_streams: Option<usize>,
+    /// Seconds a new connection has to send CNXN.
+    pub handshake_timeout: Option<u64>,
+    /// Seconds a new connection has to authenticate.
+    pub auth_timeout: Option<u64>,
     /// Where this was read from, for error messages.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -132,6 +148,98 @@ pub struct DaemonConfig {
     pub memory_budget: BudgetLimits,
     /// Headroom for clumped deliveries in adaptive windows (seed 004).
     pub ack_headroom: bool,
+    /// Host authentication and resource limits.
+    pub access: Access,
+}
+
+/// Who may connect, and how much of the daemon a connection may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    /// Hosts must sign a token with a key in `keys`.
+    pub require_auth: bool,
+    pub keys: PathBuf,
+    pub accept_new_keys: bool,
+    /// Listening beyond loopback without authentication was asked for.
+    pub insecure: bool,
+    pub max_connections: usize,
+    pub max_streams: usize,
+    pub handshake_timeout: Duration,
+    pub auth_timeout: Duration,
+}
+
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the command line says about access; `None`: not given.
+#[derive(Debug, Clone, Default)]
+pub struct AccessFlags {
+    /// `--auth` (`Some(true)`) or `--no-auth` (`Some(false)`).
+    pub auth: Option<bool>,
+    pub keys: Option<PathBuf>,
+    pub accept_new_keys: bool,
+    pub insecure: bool,
+    pub max_connections: Option<usize>,
+    pub max_streams: Option<usize>,
+    pub handshake_timeout: Option<u64>,
+    pub auth_timeout: Option<u64>,
+}
+
+impl Access {
+    /// Flags over the file over defaults. Authentication is on by default
+    /// beyond loopback unless `insecure`, off on loopback (where only local
+    /// users reach the daemon); `--auth` turns it on anywhere.
+    pub fn resolve(
+        listen: SocketAddr,
+        flags: &AccessFlags,
+        file: &FileConfig,
+    ) -> Result<Access, ConfigError> {
+        let insecure = flags.insecure || file.insecure == Some(true);
+        let loopback = listen.ip().is_loopback();
+        let require_auth = flags.auth.or(file.auth).unwrap_or(!loopback && !insecure);
+        if !require_auth && !loopback && !insecure {
+            return Err(ConfigError::UnauthenticatedExposure(listen));
+        }
+        let seconds = |flag: Option<u64>, key: Option<u64>, default: Duration| {
+            flag.or(key).map_or(default, Duration::from_secs)
+        };
+        Ok(Access {
+            require_auth,
+            keys: flags
+                .keys
+                .clone()
+                .or_else(|| file.keys.clone())
+                .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH)),
+            accept_new_keys: flags.accept_new_keys || file.accept_new_keys == Some(true),
+            insecure,
+            max_connections: flags
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+                .max(1),
+            max_streams: flags
+                .max_streams
+                .or(file.max_streams)
+                .unwrap_or(oxadb_engine::DEFAULT_MAX_STREAMS)
+                .max(1),
+            handshake_timeout: seconds(
+                flags.handshake_timeout,
+                file.handshake_timeout,
+                DEFAULT_HANDSHAKE_TIMEOUT,
+            ),
+            auth_timeout: seconds(flags.auth_timeout, file.auth_timeout, DEFAULT_AUTH_TIMEOUT),
+        })
+    }
+
+    /// The defaults for `listen`, with no flags and no file.
+    pub fn defaults(listen: SocketAddr) -> Result<Access, ConfigError> {
+        Access::resolve(listen, &AccessFlags::default(), &FileConfig::default())
+    }
+
+    /// Exposed beyond loopback with no authentication (warned at every start).
+    pub fn is_insecure_exposure(&self, listen: SocketAddr) -> bool {
+        !self.require_auth && !listen.ip().is_loopback()
+    }
 }
 
 impl DaemonConfig {
@@ -159,19 +267,14 @@ impl DaemonConfig {
     }
 }
 
-/// Parses a listen address and enforces loopback-only (no auth yet).
+/// Parses a listen address (`localhost:PORT` is 127.0.0.1).
 pub fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
     let addr = match text.strip_prefix("localhost:") {
         Some(port) => format!("127.0.0.1:{port}"),
         None => text.to_string(),
     };
-    let addr: SocketAddr = addr
-        .parse()
-        .map_err(|_| ConfigError::BadListen(text.to_string()))?;
-    if !addr.ip().is_loopback() {
-        return Err(ConfigError::NotLoopback(addr));
-    }
-    Ok(addr)
+    addr.parse()
+        .map_err(|_| ConfigError::BadListen(text.to_string()))
 }
 
 pub use oxadb_io::parse_size;
@@ -223,25 +326,85 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listen_is_loopback_only() {
+    fn listen_addresses_parse() {
         assert_eq!(
             parse_listen("127.0.0.1:5555").unwrap(),
             "127.0.0.1:5555".parse().unwrap()
         );
         assert!(parse_listen("[::1]:1").is_ok());
-        assert!(parse_listen("localhost:7").is_ok());
-        assert!(matches!(
-            parse_listen("0.0.0.0:5555"),
-            Err(ConfigError::NotLoopback(_))
-        ));
-        assert!(matches!(
-            parse_listen("198.18.0.1:5555"),
-            Err(ConfigError::NotLoopback(_))
-        ));
+        assert_eq!(
+            parse_listen("localhost:7").unwrap(),
+            "127.0.0.1:7".parse().unwrap()
+        );
+        assert!(parse_listen("198.18.0.1:5555").is_ok());
         assert!(matches!(
             parse_listen("nonsense"),
             Err(ConfigError::BadListen(_))
         ));
+    }
+
+    #[test]
+    fn beyond_loopback_needs_auth_or_insecure() {
+        let file = FileConfig::default();
+        let resolve = |listen: &str, flags: AccessFlags| {
+            Access::resolve(parse_listen(listen).unwrap(), &flags, &file)
+        };
+        let loopback = resolve("127.0.0.1:5555", AccessFlags::default()).unwrap();
+        assert!(!loopback.require_auth);
+        assert_eq!(loopback.keys, Path::new(crate::auth::DEFAULT_KEYS_PATH));
+        assert_eq!(loopback.max_connections, DEFAULT_MAX_CONNECTIONS);
+        let wide = resolve("0.0.0.0:5555", AccessFlags::default()).unwrap();
+        assert!(wide.require_auth, "on by default beyond loopback");
+        let no_auth = AccessFlags {
+            auth: Some(false),
+            ..AccessFlags::default()
+        };
+        let error = resolve("198.18.0.1:5555", no_auth.clone()).unwrap_err();
+        assert!(matches!(error, ConfigError::UnauthenticatedExposure(_)));
+        assert!(error.to_string().contains("--insecure"), "{error}");
+        let insecure = resolve(
+            "198.18.0.1:5555",
+            AccessFlags {
+                insecure: true,
+                ..no_auth
+            },
+        )
+        .unwrap();
+        assert!(!insecure.require_auth);
+        assert!(insecure.is_insecure_exposure("198.18.0.1:5555".parse().unwrap()));
+        let insecure_alone = AccessFlags {
+            insecure: true,
+            ..AccessFlags::default()
+        };
+        assert!(
+            !resolve("0.0.0.0:5555", insecure_alone)
+                .unwrap()
+                .require_auth
+        );
+        let forced = resolve(
+            "[::1]:5555",
+            AccessFlags {
+                auth: Some(true),
+                max_streams: Some(8),
+                auth_timeout: Some(5),
+                ..AccessFlags::default()
+            },
+        )
+        .unwrap();
+        assert!(forced.require_auth);
+        assert_eq!(forced.max_streams, 8);
+        assert_eq!(forced.auth_timeout, Duration::from_secs(5));
+        let file: FileConfig =
+            toml::from_str("auth = true\nkeys = \"/k\"\nmax-connections = 2\n").unwrap();
+        let from_file = Access::resolve(
+            parse_listen("127.0.0.1:1").unwrap(),
+            &AccessFlags::default(),
+            &file,
+        )
+        .unwrap();
+        assert!(from_file.require_auth);
+        assert_eq!(from_file.keys, Path::new("/k"));
+        assert_eq!(from_file.max_connections, 2);
     }
 
     #[test]
@@ -255,6 +418,12 @@ mod tests {
             credit: CreditMode::Adaptive,
             memory_budget: BudgetLimits::from_limit(64 << 20),
             ack_headroom: true,
+            access: Access::resolve(
+                parse_listen(DEFAULT_LISTEN).unwrap(),
+                &AccessFlags::default(),
+                &FileConfig::default(),
+            )
+            .unwrap(),
         };
         let banner = Banner::parse(config.banner().encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));

@@ -2,6 +2,7 @@
 //!
 //! [`server::serve`] accepts host connections; [`services`] implements what
 //! hosts open on them.
+pub mod auth;
 pub mod config;
 pub mod server;
 pub mod services;

@@ -3,20 +3,24 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
-use oxadbd::config::{self, DaemonConfig, FileConfig};
+use clap::{Parser, Subcommand};
+use oxadbd::config::{self, Access, AccessFlags, DaemonConfig, FileConfig};
 
 /// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
 /// unchanged (`adb connect 127.0.0.1:5555`).
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// Address to listen on. Loopback only until authentication exists.
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Address to listen on [default: 127.0.0.1:5555]. Beyond loopback,
+    /// hosts must authenticate (see --auth) unless --insecure is given.
     #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
     /// Configuration file (TOML; keys: listen, shell, product-name,
     /// product-model, product-device, credit, delayed-ack, memory-budget,
-    /// ack-headroom).
+    /// ack-headroom, auth, keys, accept-new-keys, insecure, max-connections,
+    /// max-streams, handshake-timeout, auth-timeout).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -49,13 +53,98 @@ struct Args {
     /// measuring what it brings).
     #[arg(long)]
     no_ack_headroom: bool,
+    /// Hosts must sign a token with a key in the keys file, as adbd requires
+    /// [default: on beyond loopback, off on loopback].
+    #[arg(long, overrides_with = "no_auth")]
+    auth: bool,
+    /// Let hosts in without authentication (beyond loopback only with --insecure).
+    #[arg(long, overrides_with = "auth")]
+    no_auth: bool,
+    /// Authorized host keys, one `adbkey.pub` line each (adb's `adb_keys`
+    /// format) [default: /etc/oxadbd/adb_keys]. Re-read at every attempt.
+    #[arg(long, value_name = "PATH")]
+    keys: Option<PathBuf>,
+    /// Trust any public key a host offers and append it to the keys file
+    /// (trust on first use; every new key is logged).
+    #[arg(long)]
+    accept_new_keys: bool,
+    /// Allow listening beyond loopback without authentication: anyone who
+    /// can reach the address gets a root shell. Warned at every start.
+    #[arg(long)]
+    insecure: bool,
+    /// Connections served at once; more are closed on accept [default: 64].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Streams a connection may have open at once; more OPENs are refused
+    /// [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_streams: Option<usize>,
+    /// Seconds a new connection has to send CNXN [default: 10].
+    #[arg(long, value_name = "SECS")]
+    handshake_timeout: Option<u64>,
+    /// Seconds a new connection has to authenticate [default: 60].
+    #[arg(long, value_name = "SECS")]
+    auth_timeout: Option<u64>,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Authorize a host: append its public key (an `adbkey.pub`, e.g. the
+    /// host's ~/.android/adbkey.pub) to the keys file. Takes effect at the
+    /// host's next attempt (`adb reconnect`); no restart needed.
+    TrustKey {
+        /// The host's public key file.
+        #[arg(value_name = "ADBKEY.PUB")]
+        public_key: PathBuf,
+        /// The keys file to add it to [default: --keys of the config file,
+        /// else /etc/oxadbd/adb_keys].
+        #[arg(long, value_name = "PATH")]
+        keys: Option<PathBuf>,
+        /// Configuration file to read `keys` from.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+    },
+}
+
+fn trust_key(
+    public_key: &std::path::Path,
+    keys: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let file = FileConfig::load(config.as_deref())?;
+    let keys = keys
+        .or(file.keys)
+        .unwrap_or_else(|| PathBuf::from(oxadbd::auth::DEFAULT_KEYS_PATH));
+    let (key, comment) = oxadbd::auth::read_public_key(public_key)?;
+    if oxadbd::auth::trust_key(&keys, &key, &comment)? {
+        println!(
+            "trusted {} ({comment}) in {}",
+            public_key.display(),
+            keys.display()
+        );
+    } else {
+        println!(
+            "{} ({comment}) was already trusted in {}",
+            public_key.display(),
+            keys.display()
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::TrustKey {
+        public_key,
+        keys,
+        config,
+    }) = args.command
+    {
+        return trust_key(&public_key, keys, config);
+    }
     oxadb_io::tune_allocator();
     let default_level = match args.verbose {
         0 => "info",
@@ -75,10 +164,31 @@ fn main() -> anyhow::Result<()> {
     let file_budget = file.memory_budget()?;
     let listen = args
         .listen
-        .or(file.listen)
+        .or(file.listen.clone())
         .unwrap_or_else(|| config::DEFAULT_LISTEN.to_string());
+    let listen = config::parse_listen(&listen)?;
+    let access = Access::resolve(
+        listen,
+        &AccessFlags {
+            auth: if args.auth {
+                Some(true)
+            } else if args.no_auth {
+                Some(false)
+            } else {
+                None
+            },
+            keys: args.keys,
+            accept_new_keys: args.accept_new_keys,
+            insecure: args.insecure,
+            max_connections: args.max_connections,
+            max_streams: args.max_streams,
+            handshake_timeout: args.handshake_timeout,
+            auth_timeout: args.auth_timeout,
+        },
+        &file,
+    )?;
     let config = DaemonConfig {
-        listen: config::parse_listen(&listen)?,
+        listen,
         shell: args
             .shell
             .or(file.shell)
@@ -106,6 +216,7 @@ fn main() -> anyhow::Result<()> {
             .map(config::BudgetLimits::from_limit)
             .unwrap_or_else(oxadb_io::default_budget_limits),
         ack_headroom: !args.no_ack_headroom && file.ack_headroom != Some(false),
+        access,
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -120,8 +231,24 @@ fn main() -> anyhow::Result<()> {
             memory_budget = config.memory_budget.limit,
             per_stream_cap = config.memory_budget.per_stream_cap,
             ack_headroom = config.ack_headroom,
+            auth = config.access.require_auth,
+            keys = %config.access.keys.display(),
+            max_connections = config.access.max_connections,
+            max_streams = config.access.max_streams,
             "listening on {local}"
         );
+        if config.access.is_insecure_exposure(local) {
+            tracing::warn!(
+                "--insecure: listening on {local} WITHOUT authentication; anyone who can \
+                 reach this address gets a root shell"
+            );
+        }
+        if config.access.accept_new_keys {
+            tracing::warn!(
+                keys = %config.access.keys.display(),
+                "--accept-new-keys: any host that offers a key is trusted and its key recorded"
+            );
+        }
         use tokio::signal::unix::{signal, SignalKind};
         let mut interrupt =
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;

@@ -1,13 +1,16 @@
 //! Accepts host connections and dispatches the streams they open to services.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use oxadb_engine::{Config, MemoryBudget, Role};
-use oxadb_io::{Connection, Incoming};
+use oxadb_io::{Authenticator, Connection, Incoming};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+use crate::auth::KeyAuthenticator;
 use crate::config::DaemonConfig;
 use crate::services::{forward, shell, sync};
 
@@ -20,6 +23,15 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
     // One budget for every connection: the limit is per process (seed 003).
     engine_config.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
     engine_config.ack_headroom = config.ack_headroom;
+    engine_config.require_auth = config.access.require_auth;
+    engine_config.max_streams = config.access.max_streams;
+    let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
+        Arc::new(KeyAuthenticator::new(
+            config.access.keys.clone(),
+            config.access.accept_new_keys,
+        )) as Arc<dyn Authenticator>
+    });
+    let slots = Arc::new(Semaphore::new(config.access.max_connections));
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -30,7 +42,21 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
                 continue;
             }
         };
-        let (connection, run) = match Connection::start_tcp(socket, engine_config.clone()) {
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                %peer,
+                max_connections = config.access.max_connections,
+                "refusing connection: the daemon serves its maximum of connections"
+            );
+            drop(socket);
+            continue;
+        };
+        keep_alive(&socket);
+        let (connection, run) = match Connection::start_tcp_device(
+            socket,
+            engine_config.clone(),
+            authenticator.clone(),
+        ) {
             Ok(started) => started,
             Err(error) => {
                 tracing::warn!(%peer, %error, "could not set up connection");
@@ -42,6 +68,7 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
         tokio::spawn(
             async move {
                 let error = run.await;
+                drop(slot);
                 if error.is_clean() {
                     tracing::info!("connection closed: {error}");
                 } else {
@@ -55,14 +82,69 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
     }
 }
 
+/// TCP keepalive, so that a host that vanished (cable pulled, laptop shut)
+/// does not hold a connection slot forever: probes after 60 s of silence,
+/// every 10 s, 6 unanswered close it (about 2 minutes).
+fn keep_alive(socket: &tokio::net::TcpStream) {
+    use rustix::net::sockopt;
+    let result = sockopt::set_socket_keepalive(socket, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(socket, Duration::from_secs(60)))
+        .and_then(|()| sockopt::set_tcp_keepintvl(socket, Duration::from_secs(10)))
+        .and_then(|()| sockopt::set_tcp_keepcnt(socket, 6));
+    if let Err(error) = result {
+        tracing::debug!(%error, "could not enable TCP keepalive");
+    }
+}
+
+/// Waits for the host's CNXN (and its authentication, when required) within
+/// the configured timeouts; closes the connection otherwise.
+async fn handshake(connection: &Connection, config: &DaemonConfig) -> bool {
+    let accepted = tokio::time::Instant::now();
+    let access = &config.access;
+    let outcome = match tokio::time::timeout(access.handshake_timeout, connection.connected()).await
+    {
+        Ok(outcome) => outcome,
+        Err(_) if connection.awaiting_auth() => {
+            match tokio::time::timeout_at(accepted + access.auth_timeout, connection.connected())
+                .await
+            {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    tracing::warn!(
+                        timeout_s = access.auth_timeout.as_secs(),
+                        "closing connection: the host did not authenticate in time"
+                    );
+                    connection.close();
+                    return false;
+                }
+            }
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_s = access.handshake_timeout.as_secs(),
+                "closing connection: no CNXN in time"
+            );
+            connection.close();
+            return false;
+        }
+    };
+    match outcome {
+        Ok(peer) => {
+            tracing::info!(
+                banner = %peer.banner.encode(),
+                delayed_ack = peer.delayed_ack,
+                max_payload = peer.max_payload,
+                "host connected"
+            );
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 async fn dispatch(connection: Connection, config: Arc<DaemonConfig>) {
-    if let Ok(peer) = connection.connected().await {
-        tracing::info!(
-            banner = %peer.banner.encode(),
-            delayed_ack = peer.delayed_ack,
-            max_payload = peer.max_payload,
-            "host connected"
-        );
+    if !handshake(&connection, &config).await {
+        return;
     }
     while let Some(incoming) = connection.next_incoming().await {
         let config = config.clone();

@@ -66,6 +66,9 @@ pub struct Config {
     /// Streams the peer may have open on this connection at once; OPENs
     /// beyond it are refused (CLSE), the connection goes on.
     pub max_streams: usize,
+    /// Streams whose data waits this long for the peer's credit are closed
+    /// (the driver calls [`Connection::abort_stalled_streams`]); `None`: never.
+    pub stalled_stream_timeout: Option<std::time::Duration>,
 }
 
 impl Config {
@@ -85,6 +88,7 @@ impl Config {
             ack_headroom: true,
             require_auth: false,
             max_streams: DEFAULT_MAX_STREAMS,
+            stalled_stream_timeout: None,
         }
     }
 }
@@ -1099,6 +1103,41 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Closes every stream whose data has waited for the peer's credit for at
+    /// least `stalled_for` (a host that stopped reading, or vanished behind a
+    /// live TCP connection): its unsent data is dropped, CLSE goes out, and
+    /// the local side sees [`Event::Closed`]. Returns the streams closed.
+    pub fn abort_stalled_streams(&mut self, stalled_for: std::time::Duration) -> Vec<StreamId> {
+        let limit = stalled_for.as_nanos() as u64;
+        let now = self.now_ns;
+        let mut stalled: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, stream)| {
+                stream
+                    .credit_blocked_since
+                    .is_some_and(|since| now.saturating_sub(since) >= limit)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        stalled.sort_unstable();
+        for &id in &stalled {
+            if let Some(stream) = self.streams.get_mut(&id) {
+                tracing::warn!(
+                    stream = id,
+                    queued = stream.outgoing.len(),
+                    stalled_s = now.saturating_sub(stream.credit_blocked_since.unwrap_or(now))
+                        / 1_000_000_000,
+                    "closing stream: the peer has granted no credit for too long"
+                );
+                stream.outgoing.clear();
+            }
+            self.events.push_back(Event::Closed(StreamId(id)));
+            self.finish_close(id);
+        }
+        stalled.into_iter().map(StreamId).collect()
     }
 
     fn finish_close(&mut self, local_id: u32) {

@@ -550,6 +550,41 @@ fn opens_beyond_the_stream_limit_are_refused() {
 }
 
 #[test]
+fn streams_the_peer_stopped_crediting_are_aborted_after_a_while() {
+    let mut pair = Pair::new(config(Role::Host, false), config(Role::Device, false));
+    let (_, stalled) = pair.open("shell:yes");
+    let (_, idle) = pair.open("shell:");
+    // The device writes two packets on one stream; the host never reads, so
+    // the first OKAY never comes back... in classic mode the host acks on
+    // arrival, so hold the packets instead of delivering them.
+    pair.device.write(stalled, &pattern(8192)).unwrap();
+    let first = pair.device.poll_transmit().unwrap();
+    assert_eq!(first.command, Command::Wrte);
+    pair.device.write(stalled, &pattern(8192)).unwrap();
+    assert!(
+        pair.device.poll_transmit().is_none(),
+        "waiting for the OKAY"
+    );
+    pair.device.set_time(std::time::Duration::from_secs(299));
+    assert!(pair
+        .device
+        .abort_stalled_streams(std::time::Duration::from_secs(300))
+        .is_empty());
+    pair.device.set_time(std::time::Duration::from_secs(301));
+    assert_eq!(
+        pair.device
+            .abort_stalled_streams(std::time::Duration::from_secs(300)),
+        vec![stalled],
+        "only the stream with data waiting; an idle one stays"
+    );
+    assert_eq!(pair.device.poll_event(), Some(Event::Closed(stalled)));
+    let clse = pair.device.poll_transmit().unwrap();
+    assert_eq!(clse.command, Command::Clse);
+    assert!(pair.device.stream_stats(idle).is_some());
+    assert!(pair.device.write(stalled, b"more").is_err());
+}
+
+#[test]
 fn whole_chunks_keep_flowing() {
     for delayed_ack in [true, false] {
         let mut pair = Pair::new(

@@ -404,8 +404,11 @@ impl Connection {
         let connection = Connection {
             shared: shared.clone(),
         };
+        let stalled_timeout = shared.lock().engine.config().stalled_stream_timeout;
         let run = async move {
             let writer_task = tokio::spawn(write_loop(shared.clone(), writer));
+            let sweeper =
+                stalled_timeout.map(|limit| tokio::spawn(sweep_stalled(shared.clone(), limit)));
             let error = tokio::select! {
                 error = read_loop(&shared, reader) => error,
                 _ = shared.close_requested.notified() => ConnectionError::Closed,
@@ -415,6 +418,9 @@ impl Connection {
                 state.shut(error);
                 state.closed.clone().expect("just set")
             };
+            if let Some(sweeper) = sweeper {
+                sweeper.abort();
+            }
             // Wake the writer so it sees `closed` and exits, dropping the socket.
             shared.transmit.notify_one();
             let _ = writer_task.await;
@@ -588,6 +594,22 @@ impl Connection {
         state.shut(ConnectionError::Closed);
         self.shared.transmit.notify_one();
         self.shared.close_requested.notify_one();
+    }
+}
+
+/// Closes streams stalled on the peer's credit for `limit`, checking four
+/// times per `limit` (at least every second).
+async fn sweep_stalled(shared: Arc<Shared>, limit: std::time::Duration) {
+    let period = (limit / 4).max(std::time::Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(period).await;
+        let mut state = shared.lock();
+        if state.closed.is_some() {
+            return;
+        }
+        if !state.engine.abort_stalled_streams(limit).is_empty() {
+            shared.after_engine_call(&mut state);
+        }
     }
 }
 

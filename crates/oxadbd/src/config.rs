@@ -72,6 +72,9 @@ pub struct FileConfig {
     pub handshake_timeout: Option<u64>,
     /// Seconds a new connection has to authenticate.
     pub auth_timeout: Option<u64>,
+    /// Seconds a stream's data may wait for the host's credit before the
+    /// stream is closed (0: never).
+    pub stalled_stream_timeout: Option<u64>,
     /// Where this was read from, for error messages.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -165,11 +168,16 @@ pub struct Access {
     pub max_streams: usize,
     pub handshake_timeout: Duration,
     pub auth_timeout: Duration,
+    /// `None`: stalled streams are kept.
+    pub stalled_stream_timeout: Option<Duration>,
 }
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(60);
+/// Long enough for any host that is merely slow or paused in a debugger;
+/// short enough that a vanished one does not pin a shell for hours.
+pub const DEFAULT_STALLED_STREAM_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What the command line says about access; `None`: not given.
 #[derive(Debug, Clone, Default)]
@@ -183,6 +191,7 @@ pub struct AccessFlags {
     pub max_streams: Option<usize>,
     pub handshake_timeout: Option<u64>,
     pub auth_timeout: Option<u64>,
+    pub stalled_stream_timeout: Option<u64>,
 }
 
 impl Access {
@@ -228,6 +237,14 @@ impl Access {
                 DEFAULT_HANDSHAKE_TIMEOUT,
             ),
             auth_timeout: seconds(flags.auth_timeout, file.auth_timeout, DEFAULT_AUTH_TIMEOUT),
+            stalled_stream_timeout: match flags
+                .stalled_stream_timeout
+                .or(file.stalled_stream_timeout)
+            {
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+                None => Some(DEFAULT_STALLED_STREAM_TIMEOUT),
+            },
         })
     }
 
@@ -353,6 +370,20 @@ mod tests {
         assert!(!loopback.require_auth);
         assert_eq!(loopback.keys, Path::new(crate::auth::DEFAULT_KEYS_PATH));
         assert_eq!(loopback.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(
+            loopback.stalled_stream_timeout,
+            Some(DEFAULT_STALLED_STREAM_TIMEOUT)
+        );
+        let never = AccessFlags {
+            stalled_stream_timeout: Some(0),
+            ..AccessFlags::default()
+        };
+        assert_eq!(
+            resolve("127.0.0.1:1", never)
+                .unwrap()
+                .stalled_stream_timeout,
+            None
+        );
         let wide = resolve("0.0.0.0:5555", AccessFlags::default()).unwrap();
         assert!(wide.require_auth, "on by default beyond loopback");
         let no_auth = AccessFlags {

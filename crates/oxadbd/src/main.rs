@@ -20,7 +20,7 @@ struct Args {
     /// Configuration file (TOML; keys: listen, shell, product-name,
     /// product-model, product-device, credit, delayed-ack, memory-budget,
     /// ack-headroom, auth, keys, accept-new-keys, insecure, max-connections,
-    /// max-streams, handshake-timeout, auth-timeout).
+    /// max-streams, handshake-timeout, auth-timeout, stalled-stream-timeout).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -85,6 +85,10 @@ struct Args {
     /// Seconds a new connection has to authenticate [default: 60].
     #[arg(long, value_name = "SECS")]
     auth_timeout: Option<u64>,
+    /// Seconds a stream's data may wait for the host's credit before the
+    /// stream is closed; 0 keeps them forever [default: 300].
+    #[arg(long, value_name = "SECS")]
+    stalled_stream_timeout: Option<u64>,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -184,6 +188,7 @@ fn main() -> anyhow::Result<()> {
             max_streams: args.max_streams,
             handshake_timeout: args.handshake_timeout,
             auth_timeout: args.auth_timeout,
+            stalled_stream_timeout: args.stalled_stream_timeout,
         },
         &file,
     )?;

@@ -25,6 +25,7 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
     engine_config.ack_headroom = config.ack_headroom;
     engine_config.require_auth = config.access.require_auth;
     engine_config.max_streams = config.access.max_streams;
+    engine_config.stalled_stream_timeout = config.access.stalled_stream_timeout;
     let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
         Arc::new(KeyAuthenticator::new(
             config.access.keys.clone(),

@@ -397,6 +397,33 @@ impl RecvCredit {
         }
     }
 
+    /// Whether the peer may send `bytes` more now: classic peers wait for
+    /// our OKAY after each WRTE; delayed-ack peers stay within what we
+    /// granted, overshooting by less than one packet of `max_packet`. `Err`
+    /// says by how much a WRTE broke that.
+    pub fn admit(&self, bytes: usize, max_packet: usize) -> Result<(), String> {
+        let after = self.received + bytes as u64;
+        let granted = match &self.mode {
+            RecvMode::Classic { owed_okays, .. } => {
+                if *owed_okays > 0 {
+                    return Err(format!(
+                        "classic mode, a WRTE before our OKAY for the last one ({} bytes unread)",
+                        self.buffered()
+                    ));
+                }
+                return Ok(());
+            }
+            RecvMode::Aosp { acked, initial, .. } => initial + acked,
+            RecvMode::Adaptive(adaptive) => adaptive.granted,
+        };
+        if after > granted + max_packet as u64 {
+            return Err(format!(
+                "{after} bytes received against {granted} granted (and one {max_packet}-byte packet)"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn on_received(&mut self, bytes: usize, now_ns: u64) {
         let backlog = self.buffered() as u64;
         self.received += bytes as u64;

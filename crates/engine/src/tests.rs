@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
-use oxadb_wire::{feature, Banner, Command, Header, Packet, HEADER_LEN};
+use oxadb_wire::{feature, Banner, Command, Header, Packet, HEADER_LEN, MAX_PAYLOAD};
 
 use crate::*;
 
@@ -582,6 +582,40 @@ fn streams_the_peer_stopped_crediting_are_aborted_after_a_while() {
     assert_eq!(clse.command, Command::Clse);
     assert!(pair.device.stream_stats(idle).is_some());
     assert!(pair.device.write(stalled, b"more").is_err());
+}
+
+#[test]
+fn a_peer_sending_beyond_its_credit_is_a_protocol_error() {
+    for delayed_ack in [false, true] {
+        let mut pair = Pair::new(
+            config(Role::Host, delayed_ack),
+            config(Role::Device, delayed_ack),
+        );
+        let (host_id, device_id) = pair.open("sink:");
+        let remote = pair.to_host.last().unwrap().arg0;
+        assert_eq!(remote, device_id.0);
+        // Nobody reads on the device; the host forges WRTEs past every OKAY.
+        let chunk = Bytes::from(vec![0u8; MAX_PAYLOAD as usize]);
+        let mut result = Ok(());
+        for _ in 0..64 {
+            let wrte = Packet::new(Command::Wrte, host_id.0, device_id.0, chunk.clone());
+            result = deliver(&mut pair.device, &pair.host, &wrte);
+            while pair.device.poll_transmit().is_some() {}
+            if result.is_err() {
+                break;
+            }
+        }
+        let error = result.expect_err("64 MiB into a stream nobody reads");
+        assert!(
+            matches!(error, ProtocolError::BeyondCredit { id, .. } if id == device_id.0),
+            "{error}"
+        );
+        let held = pair.device.readable_bytes(device_id);
+        assert!(
+            held <= 34 * MAX_PAYLOAD as usize,
+            "delayed_ack {delayed_ack}: held {held} before refusing"
+        );
+    }
 }
 
 #[test]

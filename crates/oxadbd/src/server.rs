@@ -143,27 +143,50 @@ async fn handshake(connection: &Connection, config: &DaemonConfig) -> bool {
     }
 }
 
+/// A connection's refused OPENs, logged at WARN the 1st, 2nd, 4th... time
+/// and at DEBUG otherwise: a host can ask for nonsense as fast as it likes.
+#[derive(Default)]
+struct Refusals(std::sync::atomic::AtomicU64);
+
+impl Refusals {
+    fn loud(&self) -> bool {
+        (self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1).is_power_of_two()
+    }
+}
+
+macro_rules! refusal {
+    ($refusals:expr, $($arg:tt)+) => {
+        if $refusals.loud() {
+            tracing::warn!($($arg)+);
+        } else {
+            tracing::debug!($($arg)+);
+        }
+    };
+}
+
 async fn dispatch(connection: Connection, config: Arc<DaemonConfig>) {
     if !handshake(&connection, &config).await {
         return;
     }
+    let refusals = Arc::new(Refusals::default());
     while let Some(incoming) = connection.next_incoming().await {
         let config = config.clone();
+        let refusals = refusals.clone();
         let span =
             tracing::info_span!("stream", id = incoming.id().0, service = %incoming.service());
-        tokio::spawn(open_service(incoming, config).instrument(span));
+        tokio::spawn(open_service(incoming, config, refusals).instrument(span));
     }
 }
 
 /// Answers one OPEN: starts the service or refuses the stream.
-async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>) {
+async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>, refusals: Arc<Refusals>) {
     let service = incoming.service().to_string();
     tracing::debug!("open");
     if service.starts_with("shell") || service.starts_with("exec:") {
         let request = match oxadb_wire::shell::ShellRequest::parse(&service) {
             Ok(request) => request,
             Err(error) => {
-                tracing::warn!(%error, "refusing malformed shell request");
+                refusal!(refusals, %error, "refusing malformed shell request");
                 incoming.refuse();
                 return;
             }
@@ -184,7 +207,7 @@ async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>) {
         let target = match target {
             Ok(target) => target,
             Err(error) => {
-                tracing::warn!(%error, "refusing forward");
+                refusal!(refusals, %error, "refusing forward");
                 incoming.refuse();
                 return;
             }
@@ -193,7 +216,7 @@ async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>) {
         let socket = match target.connect().await {
             Ok(socket) => socket,
             Err(error) => {
-                tracing::warn!(%target, %error, "forward target unreachable; refusing stream");
+                refusal!(refusals, %target, %error, "forward target unreachable; refusing stream");
                 incoming.refuse();
                 return;
             }
@@ -210,7 +233,7 @@ async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>) {
         let _ = stream.write_all(message.as_bytes()).await;
         let _ = stream.shutdown().await;
     } else {
-        tracing::warn!("refusing unknown service");
+        refusal!(refusals, "refusing unknown service");
         incoming.refuse();
     }
 }

@@ -15,7 +15,10 @@
 #   8. runs the Rust tests,
 #   9. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
 #      and adb-shell against oxadbd,
-#  10. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
+#  10. fuzzes the packet, banner, sync and shell-v2 parsers with cargo-fuzz
+#      (scripts/fuzz.sh: pinned cargo-fuzz into target/tools, g++ if missing),
+#      each target for FUZZ_SECONDS over a copy of its seed corpus in fuzz/corpus,
+#  11. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
 #      and runs a short `oxadb-bench emulated` (two network namespaces of its
 #      own, a 10 ms link): the link emulator, its cleanup and the clients
 #      through it.
@@ -23,7 +26,8 @@
 # a missing peer (adb, python, node, npm, cargo, oxadbd) is an error.
 #
 # Options (environment):
-#   PYTEST_ARGS  extra arguments for pytest (e.g. "-k shell -x")
+#   PYTEST_ARGS   extra arguments for pytest (e.g. "-k shell -x")
+#   FUZZ_SECONDS  seconds each fuzz target runs (60)
 
 set -euo pipefail
 
@@ -33,7 +37,7 @@ REPO="$(pwd)"
 ADB_WANT="29.0.6"
 START=$SECONDS
 PHASE=0
-PHASES=10
+PHASES=11
 
 phase() {
     PHASE=$((PHASE + 1))
@@ -133,6 +137,10 @@ phase "interop: stock adb ${ADB_WANT} and 34.0.5, Tango and adb-shell against ox
 export OXADBD="${REPO}/target/release/oxadbd"
 # shellcheck disable=SC2086
 python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
+
+# --------------------------------------------------------------------------------
+phase "fuzz: 4 cargo-fuzz targets, ${FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)"
+bash scripts/fuzz.sh
 
 # --------------------------------------------------------------------------------
 phase "emulated link: oxadb-bench emulated, 16 MiB at 10 ms (namespaces of its own)"

@@ -80,12 +80,13 @@ impl Banner {
         self.features.iter().any(|f| f == name)
     }
 
-    /// Parses a CNXN payload. Trailing NULs are dropped (peers send C strings).
+    /// Parses a CNXN payload. Peers send a C string, so the banner ends at its
+    /// first NUL: a NUL kept inside a field would not survive [`Banner::encode`].
     pub fn parse(raw: &[u8]) -> Result<Banner, BannerError> {
         if raw.len() > MAX_BANNER_LEN {
             return Err(BannerError::TooLong);
         }
-        let end = raw.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         let text = std::str::from_utf8(&raw[..end]).map_err(|_| BannerError::NotUtf8)?;
         let mut parts = text.splitn(3, ':');
         let (Some(kind), Some(serial), Some(rest)) = (parts.next(), parts.next(), parts.next())
@@ -159,6 +160,23 @@ mod tests {
     fn old_host_banner_without_features() {
         let banner = Banner::parse(b"host::\0").unwrap();
         assert!(banner.features.is_empty());
+    }
+
+    #[test]
+    fn banner_ends_at_the_first_nul() {
+        // Found by fuzz/fuzz_targets/banner.rs: with only trailing NULs dropped,
+        // this feature kept a NUL that encode() then put at the end, where the
+        // next parse dropped it.
+        let banner = Banner::parse(b"host::features=shell_v2\0;x=y\0\0").unwrap();
+        assert_eq!(banner.features, vec!["shell_v2"]);
+        assert!(banner.properties.is_empty());
+        assert_eq!(Banner::parse(banner.encode().as_bytes()).unwrap(), banner);
+        let banner = Banner::parse(b"device::a=b\0junk").unwrap();
+        assert_eq!(banner.property("a"), Some("b"));
+        assert!(matches!(
+            Banner::parse(b"host\0::features=cmd"),
+            Err(BannerError::Malformed(_))
+        ));
     }
 
     #[test]

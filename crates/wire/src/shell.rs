@@ -193,7 +193,9 @@ pub struct WindowSize {
 impl WindowSize {
     /// Parses `ROWSxCOLS,XPIXELSxYPIXELS`. adb's client sends it NUL-terminated
     /// and adbd reads it with `sscanf("%dx%d,%dx%d")`, so like sscanf we allow
-    /// leading blanks and a `+` before each number and ignore trailing bytes.
+    /// leading white space (C's `isspace`) and a `+` before each number and
+    /// ignore trailing bytes. Unlike sscanf we refuse negative numbers and
+    /// numbers beyond `u16` rather than truncate them.
     pub fn parse(payload: &[u8]) -> Result<Self, ShellWireError> {
         let bad = || ShellWireError::BadWindowSize(String::from_utf8_lossy(payload).into_owned());
         let mut rest = payload;
@@ -231,9 +233,10 @@ impl WindowSize {
 
 /// sscanf-style `%d` restricted to values that fit a `u16`.
 fn scan_u16(s: &[u8]) -> Option<(u16, &[u8])> {
+    // C's isspace, which unlike `u8::is_ascii_whitespace` includes '\v'.
     let start = s
         .iter()
-        .position(|b| !b.is_ascii_whitespace())
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'))
         .unwrap_or(s.len());
     let mut s = &s[start..];
     if let Some(t) = s.strip_prefix(b"+") {
@@ -475,6 +478,8 @@ mod tests {
         assert_eq!(WindowSize::parse(b"40x120,0x0").unwrap(), ws);
         assert_eq!(WindowSize::parse(b"40x120,0x0\0").unwrap(), ws);
         assert_eq!(WindowSize::parse(b" 40x +120, 0x0junk").unwrap(), ws);
+        // Found by fuzz/fuzz_targets/shell_frame.rs: sscanf's %d skips '\v' too.
+        assert_eq!(WindowSize::parse(b"\x0b40x\t120,\x0c0x\r\n0").unwrap(), ws);
         let ws2 = WindowSize {
             rows: 25,
             cols: 80,

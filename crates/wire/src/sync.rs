@@ -206,7 +206,9 @@ impl SyncRequest {
 ///
 /// The mode is parsed like C `strtoul(s, NULL, 0)` as adbd does: clients send
 /// decimal (`"33188"` for 0100644), but a `0x` or leading-`0` prefix selects
-/// hex or octal. Unlike adbd, junk in the mode is rejected rather than read as 0.
+/// hex or octal. Unlike adbd, a mode strtoul would not read whole (junk), a
+/// negative one and one beyond 32 bits are rejected rather than read as 0 or
+/// truncated.
 pub fn parse_send_v1_spec(spec: &[u8]) -> Result<(&[u8], u32), SyncFrameError> {
     let comma = spec
         .iter()
@@ -218,17 +220,25 @@ pub fn parse_send_v1_spec(spec: &[u8]) -> Result<(&[u8], u32), SyncFrameError> {
     Ok((&spec[..comma], mode))
 }
 
+/// What `strtoul(text, &end, 0)` reads when it reads all of `text`: white space
+/// (C's `isspace`), an optional `+`, then `0x` and hex, `0` and octal, or decimal.
 fn parse_c_unsigned(text: &[u8]) -> Option<u32> {
-    let text = std::str::from_utf8(text).ok()?.trim_start();
-    let (digits, radix) =
-        if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
-            (hex, 16)
-        } else if text.len() > 1 && text.starts_with('0') {
-            (&text[1..], 8)
-        } else {
-            (text, 10)
-        };
-    u32::from_str_radix(digits, radix).ok()
+    let start = text
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'))
+        .unwrap_or(text.len());
+    let text = &text[start..];
+    let text = text.strip_prefix(b"+").unwrap_or(text);
+    let (digits, radix) = match text {
+        [b'0', b'x' | b'X', hex @ ..] => (hex, 16),
+        [b'0', octal @ ..] if !octal.is_empty() => (octal, 8),
+        _ => (text, 10),
+    };
+    // from_str_radix would take a sign after the prefix too ("0x+5"); strtoul does not.
+    if digits.is_empty() || !digits.iter().all(|&b| char::from(b).is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(std::str::from_utf8(digits).ok()?, radix).ok()
 }
 
 /// Compression applied to the `DATA` payloads of an `SND2`/`RCV2` transfer.
@@ -716,6 +726,38 @@ mod tests {
         assert_eq!(
             parse_send_v1_spec(b"/x,"),
             Err(SyncFrameError::BadMode(String::new()))
+        );
+    }
+
+    #[test]
+    fn send_v1_mode_reads_as_strtoul_does() {
+        // Found by fuzz/fuzz_targets/sync_request.rs: a sign after the prefix
+        // was taken ("0+55" read as octal 55), where strtoul stops at the '+'.
+        for junk in [
+            &b"/x,0+55"[..],
+            b"/x,0x+5",
+            b"/x,0x",
+            b"/x,08",
+            b"/x,-1",
+            b"/x,++5",
+            b"/x,4294967296",
+            "/x,\u{a0}5".as_bytes(),
+        ] {
+            assert!(
+                matches!(parse_send_v1_spec(junk), Err(SyncFrameError::BadMode(_))),
+                "{:?}",
+                String::from_utf8_lossy(junk)
+            );
+        }
+        assert_eq!(parse_send_v1_spec(b"/x,+0x1ed"), Ok((&b"/x"[..], 0o755)));
+        assert_eq!(parse_send_v1_spec(b"/x,+0755"), Ok((&b"/x"[..], 0o755)));
+        assert_eq!(
+            parse_send_v1_spec(b"/x,\x0b\t 33188"),
+            Ok((&b"/x"[..], 0o100644))
+        );
+        assert_eq!(
+            parse_send_v1_spec(b"/x,4294967295"),
+            Ok((&b"/x"[..], u32::MAX))
         );
     }
 

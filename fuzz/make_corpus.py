@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz targets (fuzz/corpus/<target>/<name>).
+
+Each seed is a real frame or an edge case of it, laid out the way its target
+reads its input (see the comment at the top of each fuzz_targets/*.rs).
+Run it again after changing a layout; files it does not write (reproducers
+of fixed crashes, named regress-*) are left alone.
+"""
+
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+GOOGLE_HOST_BANNER = (
+    b"host::features=shell_v2,cmd,stat_v2,ls_v2,fixed_push_mkdir,apex,abb,"
+    b"fixed_push_symlink_timestamp,abb_exec,remount_shell,track_app,sendrecv_v2,"
+    b"sendrecv_v2_brotli,sendrecv_v2_lz4,sendrecv_v2_zstd,sendrecv_v2_dry_run_send,"
+    b"openscreen_mdns,delayed_ack"
+)
+OXADBD_BANNER = (
+    b"device::ro.product.name=debian;ro.product.model=QEMU Virtual Machine;"
+    b"ro.product.device=builder;features=shell_v2,stat_v2,ls_v2,fixed_push_mkdir,"
+    b"fixed_push_symlink_timestamp,sendrecv_v2,sendrecv_v2_brotli,sendrecv_v2_lz4,"
+    b"sendrecv_v2_zstd,sendrecv_v2_dry_run_send,delayed_ack"
+)
+
+MAX_PAYLOAD = 1024 * 1024
+MAX_PAYLOAD_V1 = 4096
+VERSION_CHECKSUMMED = 0x01000000
+VERSION_SKIP_CHECKSUM = 0x01000001
+
+
+def write(target, name, data):
+    directory = os.path.join(HERE, "corpus", target)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name), "wb") as f:
+        f.write(data)
+
+
+def u32(*values):
+    return struct.pack("<%dI" % len(values), *values)
+
+
+# ---- packet_header: u32 max payload, then packets -------------------------
+
+
+def packet(command, arg0, arg1, payload=b"", checksum=False, length=None, magic=None):
+    cmd = struct.unpack("<I", command)[0]
+    crc = sum(payload) & 0xFFFFFFFF if checksum else 0
+    length = len(payload) if length is None else length
+    magic = cmd ^ 0xFFFFFFFF if magic is None else magic
+    return u32(cmd, arg0, arg1, length, crc, magic) + payload
+
+
+def packets():
+    t = "packet_header"
+    write(t, "cnxn-google-host", u32(MAX_PAYLOAD)
+          + packet(b"CNXN", VERSION_SKIP_CHECKSUM, MAX_PAYLOAD, GOOGLE_HOST_BANNER))
+    write(t, "cnxn-v1-checksummed", u32(MAX_PAYLOAD_V1)
+          + packet(b"CNXN", VERSION_CHECKSUMMED, MAX_PAYLOAD_V1, b"host::\0", checksum=True))
+    write(t, "cnxn-device-reply", u32(MAX_PAYLOAD)
+          + packet(b"CNXN", VERSION_SKIP_CHECKSUM, MAX_PAYLOAD, OXADBD_BANNER))
+    write(t, "auth-token", u32(MAX_PAYLOAD_V1) + packet(b"AUTH", 1, 0, bytes(range(20))))
+    write(t, "stls", u32(MAX_PAYLOAD_V1) + packet(b"STLS", 0x01000000, 0))
+    write(t, "open-okay-wrte-clse", u32(MAX_PAYLOAD)
+          + packet(b"OPEN", 1, 0, b"shell,v2,raw:ls -l\0")
+          + packet(b"OKAY", 7, 1)
+          + packet(b"WRTE", 7, 1, b"\x01\x05\x00\x00\x00hello")
+          + packet(b"OKAY", 1, 7)
+          + packet(b"CLSE", 7, 1))
+    # delayed_ack: OKAY carries the receiver's credit as a u32 payload.
+    write(t, "okay-with-credit", u32(MAX_PAYLOAD)
+          + packet(b"OPEN", 3, 262144, b"sync:\0")
+          + packet(b"OKAY", 9, 3, u32(262144)))
+    write(t, "wrte-checksummed-max-v1", u32(MAX_PAYLOAD_V1)
+          + packet(b"WRTE", 1, 2, bytes([0xFF]) * MAX_PAYLOAD_V1, checksum=True))
+    write(t, "bad-magic", u32(MAX_PAYLOAD) + packet(b"OKAY", 1, 2, magic=0))
+    write(t, "obsolete-sync-command", u32(MAX_PAYLOAD) + packet(b"SYNC", 1, 0))
+    write(t, "payload-over-limit", u32(MAX_PAYLOAD_V1)
+          + packet(b"WRTE", 1, 2, length=MAX_PAYLOAD_V1 + 1))
+    write(t, "truncated-payload", u32(MAX_PAYLOAD) + packet(b"WRTE", 1, 2, length=100) + b"abc")
+    write(t, "truncated-header", u32(MAX_PAYLOAD) + packet(b"OKAY", 1, 2)[:23])
+
+
+# ---- banner: the CNXN payload ----------------------------------------------
+
+
+def banners():
+    t = "banner"
+    write(t, "google-host", GOOGLE_HOST_BANNER)
+    write(t, "google-host-nul", GOOGLE_HOST_BANNER + b"\0")
+    write(t, "oxadbd-device", OXADBD_BANNER)
+    write(t, "adb29-host-no-features", b"host::\0")
+    # Old adbd: ';'-terminated properties, no features.
+    write(t, "old-device", b"device::ro.product.name=a;ro.product.model=b;ro.product.device=c;")
+    write(t, "bootloader", b"bootloader:0123456789ab:")
+    write(t, "sideload", b"sideload::features=cmd")
+    write(t, "odd-items", b"device:ser:=;novalue;k=v=w;features=;;features=a,,b,:x")
+    write(t, "malformed", b"host:features=shell_v2")
+
+
+# ---- sync_request: the host's side of a sync: stream, or device replies ----
+
+
+def req(tag, path):
+    return tag + u32(len(path)) + path
+
+
+def data(payload):
+    return b"DATA" + u32(len(payload)) + payload
+
+
+def done(value):
+    return b"DONE" + u32(value)
+
+
+QUIT = b"QUIT" + u32(0)
+
+
+def stat_v2(tag, error=0, dev=66306, ino=1234, mode=0o100644, nlink=1, uid=2000,
+            gid=2000, size=5, atime=1700000000, mtime=1700000001, ctime=1700000002):
+    return tag + struct.pack("<IQQIIIIQqqq", error, dev, ino, mode, nlink, uid, gid,
+                             size, atime, mtime, ctime)
+
+
+def syncs():
+    t = "sync_request"
+    write(t, "stat-lst2-sta2-quit",
+          req(b"STAT", b"/data/local/tmp") + req(b"LST2", b"/sdcard/link")
+          + req(b"STA2", b"/sdcard/link") + QUIT)
+    write(t, "list-lis2", req(b"LIST", b"/data/local/tmp") + req(b"LIS2", b"/") + QUIT)
+    write(t, "send-v1", req(b"SEND", b"/data/local/tmp/a.txt,33188")
+          + data(b"hello\n") + data(b"world\n") + done(1700000000) + QUIT)
+    write(t, "send-v1-octal-mode-nul", req(b"SEND", b"/x,y/file,0100755\0") + done(0))
+    write(t, "send-v1-hex-mode", req(b"SEND", b"/x, 0x81a4") + data(b"") + done(7))
+    write(t, "send-v1-bad-mode", req(b"SEND", b"/tmp/f,rw-r--r--") + done(0))
+    write(t, "send-v1-symlink", req(b"SEND", b"/tmp/l,41471") + data(b"target") + done(1))
+    write(t, "snd2-lz4", req(b"SND2", b"/data/local/tmp/b.bin")
+          + u32(0x32444E53, 0o100644, 2) + data(b"\x04\x22\x4d\x18") + done(1700000000))
+    write(t, "snd2-zstd-dry-run", req(b"SND2", b"/x") + u32(0x32444E53, 0o100600, 0x80000004)
+          + data(b"\x28\xb5\x2f\xfd") + done(0))
+    write(t, "snd2-two-compressions", req(b"SND2", b"/x") + u32(0x32444E53, 0o644, 3))
+    write(t, "recv-v1-rcv2-brotli", req(b"RECV", b"/system/build.prop")
+          + req(b"RCV2", b"/system/build.prop") + u32(0x32564352, 1) + QUIT)
+    write(t, "rcv2-dry-run", req(b"RCV2", b"/x") + u32(0x32564352, 0x80000000))
+    write(t, "path-too-long", b"STAT" + u32(1025) + b"/" * 16)
+    write(t, "data-too-long", req(b"SEND", b"/x,420") + b"DATA" + u32(65537) + b"abc")
+    write(t, "unknown-request", req(b"XYZW", b"/") + QUIT)
+    # Device replies, as the host reads them.
+    write(t, "reply-stat-v1", b"STAT" + u32(0o100644, 5, 1700000000))
+    write(t, "reply-sta2", stat_v2(b"STA2"))
+    write(t, "reply-lst2-enoent", stat_v2(b"LST2", error=2, dev=0, ino=0, mode=0, nlink=0,
+                                          uid=0, gid=0, size=0, atime=0, mtime=0, ctime=0))
+    write(t, "reply-list", b"DENT" + u32(0o40755, 4096, 1700000000, 3) + b"dir"
+          + b"DENT" + u32(0o100644, 5, 1700000000, 5) + b"a.txt" + b"DONE" + bytes(16))
+    write(t, "reply-lis2", stat_v2(b"DNT2") + u32(5) + b"a.txt"
+          + stat_v2(b"DNT2", mode=0o120777) + u32(4) + b"link" + b"DONE" + bytes(72))
+
+
+# ---- shell_frame: a control byte, then shell protocol frames ----------------
+
+
+def frame(kind, payload):
+    return bytes([kind]) + u32(len(payload)) + payload
+
+
+STDIN, STDOUT, STDERR, EXIT, CLOSE_STDIN, WINDOW = range(6)
+
+
+def shells():
+    t = "shell_frame"
+    # Control byte: low nibble + 1 = bytes per read, top bit = 64-byte payload limit.
+    write(t, "host-stdin-window-close", bytes([0x00]) + frame(STDIN, b"ls -l\n")
+          + frame(WINDOW, b"25x80,640x400\0") + frame(CLOSE_STDIN, b""))
+    write(t, "device-stdout-stderr-exit", bytes([0x06]) + frame(STDOUT, b"total 0\n")
+          + frame(STDERR, b"ls: /x: No such file or directory\n") + frame(EXIT, b"\x01"))
+    write(t, "unknown-and-invalid-ids", bytes([0x0F]) + frame(9, b"future") + frame(255, b"")
+          + frame(EXIT, b"\x00\x00"))
+    write(t, "over-small-limit", bytes([0x80]) + frame(STDIN, b"a" * 64)
+          + bytes([STDIN]) + u32(65))
+    write(t, "huge-length", bytes([0x03]) + bytes([STDOUT]) + u32(0xFFFFFFFF))
+    write(t, "partial-frame", bytes([0x01]) + frame(STDOUT, b"whole") + bytes([STDOUT]) + u32(10) + b"part")
+    # The stream is also read as a window-size payload and as a service name.
+    write(t, "window-size", bytes([0x00]) + b"40x120,0x0\0")
+    write(t, "window-size-sscanf", bytes([0x00]) + b" 40x+120, 0x0junk")
+    write(t, "service-shell-v2-pty", bytes([0x00]) + b"shell,v2,TERM=xterm-256color,pty:\0")
+    write(t, "service-shell-v2-raw", bytes([0x00]) + b"shell,v2,raw:echo a:b")
+    write(t, "service-shell-v1", bytes([0x00]) + b"shell:ls")
+    write(t, "service-exec", bytes([0x00]) + b"exec:cat /proc/version")
+
+
+if __name__ == "__main__":
+    packets()
+    banners()
+    syncs()
+    shells()

@@ -1,5 +1,8 @@
 """Host authentication (`oxadbd --auth`) against real clients and raw packets.
 
+The last two tests run the daemon on 198.18.0.1 inside a network namespace
+they create and remove (root is required, as for the emulated-link phase).
+
   * Google adb 29 with its own key (a fresh HOME), adb-shell (PyPI) with a key
     from its own keygen, and oxadb with its key are each refused by a daemon
     whose keys file lacks their key, and let in once `oxadbd trust-key` adds
@@ -15,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -261,3 +265,73 @@ def test_beyond_loopback_needs_auth_or_insecure(tmp_path):
     assert cp.returncode != 0, out
     assert "refusing to listen on 198.18.0.1:5555 without authentication" in out, out
     assert "--insecure" in out, out
+
+
+NETNS_PROBE = r"""
+import socket, struct, sys
+s = socket.create_connection(("198.18.0.1", 5555), timeout=10)
+banner = b"host::\0"
+cmd = 0x4E584E43
+s.sendall(struct.pack("<6I", cmd, 0x01000001, 1 << 20, len(banner), sum(banner), cmd ^ 0xFFFFFFFF) + banner)
+head = b""
+while len(head) < 24:
+    chunk = s.recv(24 - len(head))
+    if not chunk:
+        sys.exit("closed")
+    head += chunk
+print(hex(struct.unpack("<6I", head)[0]), struct.unpack("<6I", head)[1])
+"""
+
+
+@contextlib.contextmanager
+def netns_daemon(tmp_path: Path, name: str, *args: str):
+    """oxadbd on 198.18.0.1:5555 inside a namespace of its own; yields the
+    namespace and the log path, removes both."""
+    ns = f"oxauth-{os.getpid()}-{name}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    log = tmp_path / f"{name}.log"
+    proc = None
+    try:
+        for cmd in (["ip", "-n", ns, "link", "set", "lo", "up"],
+                    ["ip", "-n", ns, "addr", "add", "198.18.0.1/24", "dev", "lo"]):
+            subprocess.run(cmd, check=True, timeout=30)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", ns, str(resolve_oxadbd()), "--listen", "198.18.0.1:5555",
+                 "--keys", str(tmp_path / "adb_keys"), *args],
+                stdout=out, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(tmp_path))
+        deadline = time.monotonic() + 20
+        while b"listening on 198.18.0.1:5555" not in log.read_bytes():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield ns, log
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        subprocess.run(["ip", "netns", "delete", ns], timeout=30)
+
+
+def first_answer(ns: str) -> str:
+    cp = subprocess.run(["ip", "netns", "exec", ns, "python3", "-c", NETNS_PROBE],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+    return cp.stdout.decode("utf-8", "replace").strip()
+
+
+def test_beyond_loopback_auth_is_on_by_default(tmp_path):
+    with netns_daemon(tmp_path, "default") as (ns, log):
+        # AUTH (0x48545541), TOKEN: no CNXN for a host without a key.
+        assert first_answer(ns) == f"{hex(A_AUTH)} {AUTH_TOKEN}", log.read_text()
+        assert "WITHOUT authentication" not in log.read_text()
+
+
+def test_insecure_beyond_loopback_warns_at_start(tmp_path):
+    with netns_daemon(tmp_path, "insecure", "--insecure") as (ns, log):
+        assert first_answer(ns) == f"{hex(A_CNXN)} {A_VERSION}", log.read_text()
+        text = log.read_text()
+        assert "WARN" in text and "WITHOUT authentication" in text, text

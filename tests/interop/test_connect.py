@@ -54,16 +54,17 @@ def test_devices_long_listing_shows_product(adb_server, fresh_daemon):
 
 
 @pytest.mark.parametrize("addr", ["0.0.0.0:0", "[::]:0", "192.0.2.1:5555"])
-def test_refuses_non_loopback_listen(oxadbd_bin, tmp_path, addr):
-    # Until auth exists the daemon must not listen beyond loopback: it must
-    # exit with an error naming the problem, without ever saying it listens.
-    # (192.0.2.1 is TEST-NET-1: nothing is sent anywhere either way.)
+def test_refuses_non_loopback_listen_without_auth(oxadbd_bin, tmp_path, addr):
+    # The daemon gives a root shell: beyond loopback it must not listen
+    # without authentication unless told --insecure. It must exit with an
+    # error naming the problem before binding anything (192.0.2.1 is
+    # TEST-NET-1: nothing is sent anywhere either way).
     env = clean_env()
     env.pop("RUST_BACKTRACE", None)
-    cp = subprocess.run([str(oxadbd_bin), "--listen", addr],
+    cp = subprocess.run([str(oxadbd_bin), "--listen", addr, "--no-auth"],
                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, timeout=15, env=env, cwd=tmp_path)
     assert cp.returncode != 0, cp
     msg = (cp.stdout + cp.stderr).decode("utf-8", "replace")
-    assert "loopback" in msg.lower(), msg
+    assert "without authentication" in msg and "--insecure" in msg, msg
     assert "listening on" not in msg, msg

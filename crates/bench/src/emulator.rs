@@ -754,9 +754,10 @@ impl Drop for Emulator {
 // A TCP relay inside one namespace.
 
 /// Accepts on `listen` inside a namespace and relays each connection to
-/// `target` in the same namespace. oxadbd listens on loopback only (it has no
-/// authentication yet), so the device side reaches it through this: one
-/// loopback hop, which costs nothing next to a 125 MB/s link.
+/// `target` in the same namespace. oxadbd stays on loopback, where it needs
+/// no keys (beyond loopback it requires authentication, and Google adb 29
+/// would need its key trusted), and is reached through this: one loopback
+/// hop, which costs nothing next to a 125 MB/s link.
 pub struct Relay {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,

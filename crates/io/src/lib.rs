@@ -453,9 +453,7 @@ impl Connection {
         Connection,
         impl std::future::Future<Output = ConnectionError>,
     )> {
-        stream.set_nodelay(true)?;
-        let label = stream.peer_addr()?.to_string();
-        let (reader, writer) = stream.into_split();
+        let (reader, writer, label) = tcp_halves(stream)?;
         Ok(Connection::start_device(
             reader,
             writer,
@@ -474,9 +472,7 @@ impl Connection {
         Connection,
         impl std::future::Future<Output = ConnectionError>,
     )> {
-        stream.set_nodelay(true)?;
-        let label = stream.peer_addr()?.to_string();
-        let (reader, writer) = stream.into_split();
+        let (reader, writer, label) = tcp_halves(stream)?;
         Ok(Connection::start_with_auth(
             reader, writer, config, label, auth,
         ))
@@ -600,6 +596,21 @@ impl Connection {
     }
 }
 
+/// A TCP stream's halves and its peer's address, Nagle off: ADB's OKAYs are
+/// tiny and latency-bound.
+fn tcp_halves(
+    stream: tokio::net::TcpStream,
+) -> io::Result<(
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+    String,
+)> {
+    stream.set_nodelay(true)?;
+    let label = stream.peer_addr()?.to_string();
+    let (reader, writer) = stream.into_split();
+    Ok((reader, writer, label))
+}
+
 /// Closes streams stalled on the peer's credit for `limit`, checking four
 /// times per `limit` (at least every second).
 async fn sweep_stalled(shared: Arc<Shared>, limit: std::time::Duration) {
@@ -632,7 +643,7 @@ async fn read_loop<R: AsyncRead + Unpin>(shared: &Arc<Shared>, mut reader: R) ->
         // Every complete packet already read is handled under one lock: the
         // stream tasks and the writer contend for it, and a read often brings
         // several packets (a WRTE and OKAYs, or many OKAYs).
-        let need = {
+        let (need, backlogged) = {
             let mut state = shared.lock();
             if state.closed.is_some() {
                 return ConnectionError::Closed;
@@ -672,19 +683,22 @@ async fn read_loop<R: AsyncRead + Unpin>(shared: &Arc<Shared>, mut reader: R) ->
                     });
                 }
             }
-            need
+            (need, state.engine.control_backlog() > MAX_CONTROL_BACKLOG)
         };
         // Every packet we read may owe the peer an answer (an OKAY, a CLSE);
         // a peer that sends without reading would grow that queue without
         // limit (4.4 million refused OPENs: 224 MiB). Read on once it drains.
-        loop {
-            let drained = shared.drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if shared.lock().engine.control_backlog() <= MAX_CONTROL_BACKLOG {
-                break;
+        // The common case checked that under the lock above, for free.
+        if backlogged {
+            loop {
+                let drained = shared.drained.notified();
+                tokio::pin!(drained);
+                drained.as_mut().enable();
+                if shared.lock().engine.control_backlog() <= MAX_CONTROL_BACKLOG {
+                    break;
+                }
+                drained.await;
             }
-            drained.await;
         }
         match fill(&mut reader, &mut buf, need).await {
             Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,

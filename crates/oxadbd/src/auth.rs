@@ -41,14 +41,6 @@ pub enum TrustError {
 /// Appends `key` to the keys file at `path` (creating it and its directory),
 /// unless it is there already. Returns whether it was added.
 pub fn trust_key(path: &Path, key: &PublicKey, comment: &str) -> Result<bool, TrustError> {
-    let existing = match AuthorizedKeys::load(path) {
-        Ok(keys) => Some(keys),
-        Err(KeyError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
-        Err(error) => return Err(error.into()),
-    };
-    if existing.as_ref().is_some_and(|keys| keys.contains(key)) {
-        return Ok(false);
-    }
     let io_error = |action: &'static str| {
         let path = path.to_path_buf();
         move |source| TrustError::Io {
@@ -57,6 +49,14 @@ pub fn trust_key(path: &Path, key: &PublicKey, comment: &str) -> Result<bool, Tr
             source,
         }
     };
+    let existing = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => return Err(io_error("reading the authorized keys")(error)),
+    };
+    if AuthorizedKeys::parse(&String::from_utf8_lossy(&existing)).contains(key) {
+        return Ok(false);
+    }
     if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io_error("creating its directory"))?;
     }
@@ -66,9 +66,7 @@ pub fn trust_key(path: &Path, key: &PublicKey, comment: &str) -> Result<bool, Tr
         .open(path)
         .map_err(io_error("opening for append"))?;
     // A file whose last line lacks its newline must not swallow the new key.
-    let needs_newline = std::fs::read(path)
-        .map(|bytes| bytes.last().is_some_and(|&b| b != b'\n'))
-        .unwrap_or(false);
+    let needs_newline = existing.last().is_some_and(|&b| b != b'\n');
     let mut line = String::new();
     if needs_newline {
         line.push('\n');

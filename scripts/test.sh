@@ -135,6 +135,14 @@ cargo test --workspace --release
 # --------------------------------------------------------------------------------
 phase "interop: stock adb ${ADB_WANT} and 34.0.5, Tango and adb-shell against oxadbd (pytest tests/interop)"
 export OXADBD="${REPO}/target/release/oxadbd"
+# test_auth.py runs a daemon on 198.18.0.1 in a namespace of its own (and the
+# emulated-link phase needs namespaces too): `ip` comes with iproute2.
+if ! command -v ip >/dev/null 2>&1; then
+    echo "missing: ip: installing Debian's iproute2"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2
+fi
+command -v ip >/dev/null 2>&1 || die "ip is still missing after installing iproute2"
 # shellcheck disable=SC2086
 python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
 

@@ -69,6 +69,40 @@ struct StreamWakers {
 /// stay silent (waiting for the user to accept the key on the device).
 pub type AuthResponder = Box<dyn FnMut(&[u8], u32) -> Option<AuthReply> + Send>;
 
+/// One packet ready for the wire: its encoded header and its payload.
+pub struct OutgoingPacket {
+    pub header: [u8; HEADER_LEN],
+    pub payload: Bytes,
+}
+
+/// Where the writer task puts packets. A byte stream takes a whole batch in
+/// one writev ([`StreamSink`]); USB keeps each header and each payload a
+/// transfer of its own, because the host reads exactly 24 bytes for a header
+/// and then exactly the payload (AOSP `docs/dev/zero_length_packet.md`).
+pub trait PacketSink: Send + 'static {
+    /// Writes every packet of `batch`, in order, and empties it.
+    fn write_packets<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<OutgoingPacket>,
+    ) -> impl std::future::Future<Output = io::Result<()>> + Send + 'a;
+
+    /// The connection ended: flush and close what can be.
+    fn shutdown(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
+}
+
+/// A [`PacketSink`] over any byte stream (TCP, a pipe): packets are bytes in a row.
+pub struct StreamSink<W>(pub W);
+
+impl<W: AsyncWrite + Unpin + Send + 'static> PacketSink for StreamSink<W> {
+    async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
+        write_all_vectored(&mut self.0, batch).await
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = self.0.shutdown().await;
+    }
+}
+
 /// Device role: decides who may connect (`oxadbd --auth`). Called with the
 /// connection's engine locked, so each call must be quick (an RSA-2048
 /// verification is about 50 us).
@@ -379,6 +413,37 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        Connection::start_packets(
+            reader,
+            StreamSink(writer),
+            config,
+            label,
+            auth,
+            authenticator,
+        )
+    }
+
+    /// The general form: bytes come in through `reader` (a byte stream, even
+    /// over USB, where the device's bulk-out transfers are read back to back)
+    /// and packets go out through `sink`. `auth` answers a device's AUTH
+    /// challenges (host role); `authenticator` lets hosts in (device role
+    /// with `config.require_auth`).
+    pub fn start_packets<R, S>(
+        reader: R,
+        sink: S,
+        config: Config,
+        label: impl Into<String>,
+        auth: Option<AuthResponder>,
+        authenticator: Option<Arc<dyn Authenticator>>,
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        S: PacketSink,
+    {
+        let label = label.into();
         let engine = oxadb_engine::Connection::new(config);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -409,7 +474,7 @@ impl Connection {
         };
         let stalled_timeout = shared.lock().engine.config().stalled_stream_timeout;
         let run = async move {
-            let writer_task = tokio::spawn(write_loop(shared.clone(), writer));
+            let writer_task = tokio::spawn(write_loop(shared.clone(), sink));
             let sweeper =
                 stalled_timeout.map(|limit| tokio::spawn(sweep_stalled(shared.clone(), limit)));
             let error = tokio::select! {
@@ -748,8 +813,8 @@ const WRITE_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Slices per writev call; Linux caps iovecs at 1024.
 const MAX_IOVECS: usize = 256;
 
-async fn write_loop<W: AsyncWrite + Unpin>(shared: Arc<Shared>, mut writer: W) {
-    let mut batch: Vec<Bytes> = Vec::new();
+async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) {
+    let mut batch: Vec<OutgoingPacket> = Vec::new();
     loop {
         {
             let mut state = shared.lock();
@@ -757,16 +822,16 @@ async fn write_loop<W: AsyncWrite + Unpin>(shared: Arc<Shared>, mut writer: W) {
                 break;
             }
             let mut bytes = 0;
-            while bytes < WRITE_BATCH_BYTES && batch.len() + 2 <= MAX_IOVECS {
+            while bytes < WRITE_BATCH_BYTES && 2 * (batch.len() + 1) <= MAX_IOVECS {
                 let Some(packet) = state.engine.poll_transmit() else {
                     break;
                 };
                 let header = state.engine.header_for(&packet).encode();
                 bytes += HEADER_LEN + packet.payload.len();
-                batch.push(Bytes::copy_from_slice(&header));
-                if !packet.payload.is_empty() {
-                    batch.push(packet.payload);
-                }
+                batch.push(OutgoingPacket {
+                    header,
+                    payload: packet.payload,
+                });
             }
             // Taking data out of send buffers may have unblocked writers.
             state.dispatch_events();
@@ -775,37 +840,46 @@ async fn write_loop<W: AsyncWrite + Unpin>(shared: Arc<Shared>, mut writer: W) {
             shared.transmit.notified().await;
             continue;
         }
-        if let Err(error) = write_all_vectored(&mut writer, &mut batch).await {
+        if let Err(error) = sink.write_packets(&mut batch).await {
             tracing::debug!(peer = %shared.label, %error, "write failed");
             shared.lock().shut(error.into());
             break;
         }
         shared.drained.notify_one();
     }
-    let _ = writer.shutdown().await;
+    sink.shutdown().await;
 }
 
+/// Writes `batch` with as few writev calls as the writer allows.
 async fn write_all_vectored<W: AsyncWrite + Unpin>(
     writer: &mut W,
-    batch: &mut Vec<Bytes>,
+    batch: &mut Vec<OutgoingPacket>,
 ) -> io::Result<()> {
-    let mut first = 0;
-    while first < batch.len() {
-        let slices: Vec<IoSlice<'_>> = batch[first..].iter().map(|b| IoSlice::new(b)).collect();
-        let mut written = writer.write_vectored(&slices).await?;
+    // Each packet is up to two slices: its header, then its payload; `done`
+    // counts bytes of the batch already written.
+    let mut done = 0usize;
+    let total: usize = batch.iter().map(|p| HEADER_LEN + p.payload.len()).sum();
+    while done < total {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * batch.len());
+        let mut skip = done;
+        for packet in batch.iter() {
+            for part in [&packet.header[..], &packet.payload[..]] {
+                if part.is_empty() {
+                    continue;
+                }
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                slices.push(IoSlice::new(&part[skip..]));
+                skip = 0;
+            }
+        }
+        let written = writer.write_vectored(&slices).await?;
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        while written > 0 {
-            let len = batch[first].len();
-            if written >= len {
-                written -= len;
-                first += 1;
-            } else {
-                let _ = batch[first].split_to(written);
-                written = 0;
-            }
-        }
+        done += written;
     }
     batch.clear();
     Ok(())

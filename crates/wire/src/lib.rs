@@ -5,6 +5,7 @@ pub mod compression;
 pub mod packet;
 pub mod shell;
 pub mod sync;
+pub mod usb;
 
 pub use banner::{feature, Banner, BannerError};
 pub use packet::{Command, Header, HeaderError, Packet, HEADER_LEN, MAX_PAYLOAD};

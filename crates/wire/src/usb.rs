@@ -30,7 +30,7 @@ pub const SUPER_SPEED_BULK_MAX_PACKET: u16 = 1024;
 /// packet after it: the device's read of a larger buffer would not end
 /// otherwise, and would run on into the next packet's header.
 pub fn host_needs_zlp(len: usize, max_packet: usize) -> bool {
-    len > 0 && max_packet > 0 && len % max_packet == 0
+    len > 0 && max_packet > 0 && len.is_multiple_of(max_packet)
 }
 
 /// Splits a payload of `len` bytes into transfers of at most `chunk` bytes,

@@ -75,6 +75,14 @@ pub struct FileConfig {
     /// Seconds a stream's data may wait for the host's credit before the
     /// stream is closed (0: never).
     pub stalled_stream_timeout: Option<u64>,
+    /// Serve ADB over USB (FunctionFS); TCP then only with `listen`.
+    pub usb: Option<bool>,
+    /// The FunctionFS mount of the ADB function.
+    pub ffs_dir: Option<PathBuf>,
+    /// The configfs gadget to bind to a UDC once the descriptors are written.
+    pub usb_gadget: Option<PathBuf>,
+    /// The UDC to bind it to (default: the first in /sys/class/udc).
+    pub usb_udc: Option<String>,
     /// Where this was read from, for error messages.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -140,6 +148,8 @@ impl FileConfig {
 /// Everything the daemon needs to run.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
+    /// The TCP address (the binary serves TCP unless only USB was asked for;
+    /// see [`UsbConfig`], which lives beside this struct).
     pub listen: SocketAddr,
     pub shell: PathBuf,
     pub product_name: String,
@@ -153,6 +163,49 @@ pub struct DaemonConfig {
     pub ack_headroom: bool,
     /// Host authentication and resource limits.
     pub access: Access,
+}
+
+/// The USB transport: a FunctionFS instance, and optionally the configfs
+/// gadget to bind once its descriptors are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsbConfig {
+    /// Where FunctionFS is mounted (`ep0`, `ep1`, `ep2`).
+    pub ffs_dir: PathBuf,
+    /// `--usb-gadget`: a gadget directory under /sys/kernel/config/usb_gadget.
+    pub gadget: Option<PathBuf>,
+    /// `--usb-udc`: the UDC to bind it to; the first one listed otherwise.
+    pub udc: Option<String>,
+}
+
+/// The FunctionFS mount adbd's init scripts use, and `scripts/usb-gadget.sh`.
+pub const DEFAULT_FFS_DIR: &str = "/dev/usb-ffs/adb";
+
+/// What the command line says about USB; `None`/`false`: not given.
+#[derive(Debug, Clone, Default)]
+pub struct UsbFlags {
+    pub usb: bool,
+    pub ffs_dir: Option<PathBuf>,
+    pub gadget: Option<PathBuf>,
+    pub udc: Option<String>,
+}
+
+impl UsbConfig {
+    /// Flags over the file; `None` unless `--usb` or `usb = true` (giving
+    /// a FunctionFS or gadget directory alone does not turn USB on).
+    pub fn resolve(flags: &UsbFlags, file: &FileConfig) -> Option<UsbConfig> {
+        if !flags.usb && file.usb != Some(true) {
+            return None;
+        }
+        Some(UsbConfig {
+            ffs_dir: flags
+                .ffs_dir
+                .clone()
+                .or_else(|| file.ffs_dir.clone())
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_FFS_DIR)),
+            gadget: flags.gadget.clone().or_else(|| file.usb_gadget.clone()),
+            udc: flags.udc.clone().or_else(|| file.usb_udc.clone()),
+        })
+    }
 }
 
 /// Who may connect, and how much of the daemon a connection may use.
@@ -192,12 +245,18 @@ pub struct AccessFlags {
     pub handshake_timeout: Option<u64>,
     pub auth_timeout: Option<u64>,
     pub stalled_stream_timeout: Option<u64>,
+    /// USB is served: anyone who plugs in a cable reaches the daemon.
+    pub usb: bool,
 }
 
 impl Access {
     /// Flags over the file over defaults. Authentication is on by default
-    /// beyond loopback unless `insecure`, off on loopback (where only local
-    /// users reach the daemon); `--auth` turns it on anywhere.
+    /// over USB and beyond loopback (unless `insecure`), off on loopback
+    /// alone (where only local users reach the daemon); `--auth` turns it on
+    /// anywhere, `--no-auth` off (beyond loopback only with `insecure`; over
+    /// USB it is the operator's call, warned at start). One setting covers
+    /// every transport of the daemon. `listen` is the TCP address (USB
+    /// alone: the default loopback one, which exposes nothing).
     pub fn resolve(
         listen: SocketAddr,
         flags: &AccessFlags,
@@ -205,7 +264,10 @@ impl Access {
     ) -> Result<Access, ConfigError> {
         let insecure = flags.insecure || file.insecure == Some(true);
         let loopback = listen.ip().is_loopback();
-        let require_auth = flags.auth.or(file.auth).unwrap_or(!loopback && !insecure);
+        let require_auth = flags
+            .auth
+            .or(file.auth)
+            .unwrap_or(flags.usb || (!loopback && !insecure));
         if !require_auth && !loopback && !insecure {
             return Err(ConfigError::UnauthenticatedExposure(listen));
         }
@@ -464,6 +526,63 @@ mod tests {
         assert!(config.banner().has_feature("delayed_ack"));
         config.credit = CreditMode::Classic;
         assert!(!config.banner().has_feature("delayed_ack"));
+    }
+
+    #[test]
+    fn usb_needs_auth_by_default_and_reads_its_keys() {
+        let loopback = parse_listen(DEFAULT_LISTEN).unwrap();
+        let usb = AccessFlags {
+            usb: true,
+            ..AccessFlags::default()
+        };
+        let file = FileConfig::default();
+        assert!(Access::resolve(loopback, &usb, &file).unwrap().require_auth);
+        // --no-auth is the operator's call over USB (no --insecure needed).
+        let open = Access::resolve(
+            loopback,
+            &AccessFlags {
+                auth: Some(false),
+                ..usb.clone()
+            },
+            &file,
+        )
+        .unwrap();
+        assert!(!open.require_auth);
+        // Not asked for: no USB, whatever else is given.
+        let flags = UsbFlags {
+            ffs_dir: Some("/ffs".into()),
+            ..UsbFlags::default()
+        };
+        assert_eq!(UsbConfig::resolve(&flags, &file), None);
+        let flags = UsbFlags {
+            usb: true,
+            ..UsbFlags::default()
+        };
+        assert_eq!(
+            UsbConfig::resolve(&flags, &file),
+            Some(UsbConfig {
+                ffs_dir: DEFAULT_FFS_DIR.into(),
+                gadget: None,
+                udc: None,
+            })
+        );
+        let file: FileConfig = toml::from_str(
+            "usb = true\nffs-dir = \"/dev/ffs\"\nusb-gadget = \"/g\"\nusb-udc = \"dummy_udc.0\"\n",
+        )
+        .unwrap();
+        let from_file = UsbConfig::resolve(&UsbFlags::default(), &file).unwrap();
+        assert_eq!(from_file.ffs_dir, Path::new("/dev/ffs"));
+        assert_eq!(from_file.gadget.as_deref(), Some(Path::new("/g")));
+        assert_eq!(from_file.udc.as_deref(), Some("dummy_udc.0"));
+        // Flags win over the file.
+        let flags = UsbFlags {
+            ffs_dir: Some("/other".into()),
+            ..UsbFlags::default()
+        };
+        assert_eq!(
+            UsbConfig::resolve(&flags, &file).unwrap().ffs_dir,
+            Path::new("/other")
+        );
     }
 
     #[test]

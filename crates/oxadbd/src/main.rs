@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use oxadbd::config::{self, Access, AccessFlags, DaemonConfig, FileConfig};
+use oxadbd::config::{self, Access, AccessFlags, DaemonConfig, FileConfig, UsbConfig, UsbFlags};
 
 /// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
 /// unchanged (`adb connect 127.0.0.1:5555`).
@@ -13,14 +13,33 @@ use oxadbd::config::{self, Access, AccessFlags, DaemonConfig, FileConfig};
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Address to listen on [default: 127.0.0.1:5555]. Beyond loopback,
-    /// hosts must authenticate (see --auth) unless --insecure is given.
+    /// Address to listen on [default: 127.0.0.1:5555; with --usb, no TCP
+    /// unless given]. Beyond loopback, hosts must authenticate (see --auth)
+    /// unless --insecure is given.
     #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
-    /// Configuration file (TOML; keys: listen, shell, product-name,
-    /// product-model, product-device, credit, delayed-ack, memory-budget,
-    /// ack-headroom, auth, keys, accept-new-keys, insecure, max-connections,
-    /// max-streams, handshake-timeout, auth-timeout, stalled-stream-timeout).
+    /// Serve ADB over USB as a FunctionFS gadget function (see --ffs-dir).
+    /// Hosts must authenticate over USB unless --no-auth is given.
+    #[arg(long)]
+    usb: bool,
+    /// Where the function's FunctionFS is mounted [default: /dev/usb-ffs/adb].
+    /// The gadget can be bound to a UDC once oxadbd logs "ready for UDC bind"
+    /// (ep1 and ep2 then exist there).
+    #[arg(long, value_name = "DIR")]
+    ffs_dir: Option<PathBuf>,
+    /// Bind this configfs gadget (e.g. /sys/kernel/config/usb_gadget/oxadbd)
+    /// to a UDC once the descriptors are written; it is unbound when oxadbd
+    /// exits.
+    #[arg(long, value_name = "DIR")]
+    usb_gadget: Option<PathBuf>,
+    /// The UDC for --usb-gadget [default: the first in /sys/class/udc].
+    #[arg(long, value_name = "NAME")]
+    usb_udc: Option<String>,
+    /// Configuration file (TOML; keys: listen, usb, ffs-dir, usb-gadget,
+    /// usb-udc, shell, product-name, product-model, product-device, credit,
+    /// delayed-ack, memory-budget, ack-headroom, auth, keys, accept-new-keys,
+    /// insecure, max-connections, max-streams, handshake-timeout,
+    /// auth-timeout, stalled-stream-timeout).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -166,11 +185,26 @@ fn main() -> anyhow::Result<()> {
     let file = FileConfig::load(args.config.as_deref())?;
     let file_credit = file.credit_mode()?;
     let file_budget = file.memory_budget()?;
-    let listen = args
-        .listen
-        .or(file.listen.clone())
-        .unwrap_or_else(|| config::DEFAULT_LISTEN.to_string());
-    let listen = config::parse_listen(&listen)?;
+    let usb = UsbConfig::resolve(
+        &UsbFlags {
+            usb: args.usb,
+            ffs_dir: args.ffs_dir,
+            gadget: args.usb_gadget,
+            udc: args.usb_udc,
+        },
+        &file,
+    );
+    // With USB, TCP is served only when an address is given.
+    let listen = match args.listen.or(file.listen.clone()) {
+        Some(listen) => Some(config::parse_listen(&listen)?),
+        None if usb.is_some() => None,
+        None => Some(config::parse_listen(config::DEFAULT_LISTEN)?),
+    };
+    let tcp = listen.is_some();
+    let listen = match listen {
+        Some(listen) => listen,
+        None => config::parse_listen(config::DEFAULT_LISTEN)?,
+    };
     let access = Access::resolve(
         listen,
         &AccessFlags {
@@ -189,6 +223,7 @@ fn main() -> anyhow::Result<()> {
             handshake_timeout: args.handshake_timeout,
             auth_timeout: args.auth_timeout,
             stalled_stream_timeout: args.stalled_stream_timeout,
+            usb: usb.is_some(),
         },
         &file,
     )?;
@@ -226,10 +261,6 @@ fn main() -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let result = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("listening on {}", config.listen))?;
-        let local = listener.local_addr()?;
         tracing::info!(
             shell = %config.shell.display(),
             credit = %config.credit,
@@ -240,14 +271,44 @@ fn main() -> anyhow::Result<()> {
             keys = %config.access.keys.display(),
             max_connections = config.access.max_connections,
             max_streams = config.access.max_streams,
-            "listening on {local}"
+            "oxadbd starting"
         );
-        if config.access.is_insecure_exposure(local) {
-            tracing::warn!(
-                "--insecure: listening on {local} WITHOUT authentication; anyone who can \
-                 reach this address gets a root shell"
-            );
-        }
+        let listener = match tcp.then_some(config.listen) {
+            Some(listen) => {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("listening on {listen}"))?;
+                let local = listener.local_addr()?;
+                tracing::info!("listening on {local}");
+                if config.access.is_insecure_exposure(local) {
+                    tracing::warn!(
+                        "--insecure: listening on {local} WITHOUT authentication; anyone who \
+                         can reach this address gets a root shell"
+                    );
+                }
+                Some(listener)
+            }
+            None => None,
+        };
+        let function = match &usb {
+            Some(usb) => {
+                let function = oxadb_ffs::FunctionFs::open(&usb.ffs_dir)?;
+                if let Some(gadget) = &usb.gadget {
+                    oxadb_ffs::bind_udc(
+                        gadget,
+                        usb.udc.as_deref(),
+                        std::path::Path::new(oxadb_ffs::UDC_CLASS_DIR),
+                    )?;
+                }
+                if !config.access.require_auth {
+                    tracing::warn!(
+                        "--no-auth over USB: any host plugged into this device gets a root shell"
+                    );
+                }
+                Some(function)
+            }
+            None => None,
+        };
         if config.access.accept_new_keys {
             tracing::warn!(
                 keys = %config.access.keys.display(),
@@ -259,8 +320,26 @@ fn main() -> anyhow::Result<()> {
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
         let mut terminate =
             signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let daemon = oxadbd::server::Daemon::new(config);
+        let tcp = async {
+            match listener {
+                Some(listener) => oxadbd::server::serve_tcp(listener, daemon.clone())
+                    .await
+                    .context("serving TCP"),
+                None => std::future::pending().await,
+            }
+        };
+        let usb = async {
+            match function {
+                Some(function) => oxadbd::server::serve_usb(function, daemon.clone())
+                    .await
+                    .context("serving USB"),
+                None => std::future::pending().await,
+            }
+        };
         let stopped_by = tokio::select! {
-            result = oxadbd::server::serve(listener, config) => return result.context("serving"),
+            result = tcp => return result,
+            result = usb => return result,
             _ = interrupt.recv() => "SIGINT",
             _ = terminate.recv() => "SIGTERM",
         };

@@ -1,9 +1,13 @@
-//! Accepts host connections and dispatches the streams they open to services.
+//! Accepts host connections (TCP, USB) and dispatches the streams they open
+//! to services. Every transport shares one [`Daemon`]: the engine
+//! configuration (one memory budget per process), the authenticator and the
+//! per-connection path (handshake timeouts, services).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use oxadb_engine::{Config, MemoryBudget, Role};
+use oxadb_ffs::{FfsError, Gadget};
 use oxadb_io::{Authenticator, Connection, Incoming};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -14,24 +18,58 @@ use crate::auth::KeyAuthenticator;
 use crate::config::DaemonConfig;
 use crate::services::{forward, shell, sync};
 
+/// What every connection of the daemon shares, whatever its transport.
+pub struct Daemon {
+    config: Arc<DaemonConfig>,
+    engine: Config,
+    authenticator: Option<Arc<dyn Authenticator>>,
+}
+
+impl Daemon {
+    pub fn new(config: DaemonConfig) -> Arc<Daemon> {
+        let config = Arc::new(config);
+        // The banner already leaves `delayed_ack` out when it is switched off.
+        let mut engine = Config::new(Role::Device, config.banner());
+        engine.credit_policy = config.credit.policy();
+        // One budget for every connection: the limit is per process (seed 003).
+        engine.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
+        engine.ack_headroom = config.ack_headroom;
+        engine.require_auth = config.access.require_auth;
+        engine.max_streams = config.access.max_streams;
+        engine.stalled_stream_timeout = config.access.stalled_stream_timeout;
+        let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
+            Arc::new(KeyAuthenticator::new(
+                config.access.keys.clone(),
+                config.access.accept_new_keys,
+            )) as Arc<dyn Authenticator>
+        });
+        Arc::new(Daemon {
+            config,
+            engine,
+            authenticator,
+        })
+    }
+
+    pub fn config(&self) -> &DaemonConfig {
+        &self.config
+    }
+}
+
+/// How a connection reached the daemon; decides the handshake's deadlines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Tcp,
+    Usb,
+}
+
 /// Serves every connection accepted on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Result<()> {
-    let config = Arc::new(config);
-    // The banner already leaves `delayed_ack` out when it is switched off.
-    let mut engine_config = Config::new(Role::Device, config.banner());
-    engine_config.credit_policy = config.credit.policy();
-    // One budget for every connection: the limit is per process (seed 003).
-    engine_config.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
-    engine_config.ack_headroom = config.ack_headroom;
-    engine_config.require_auth = config.access.require_auth;
-    engine_config.max_streams = config.access.max_streams;
-    engine_config.stalled_stream_timeout = config.access.stalled_stream_timeout;
-    let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
-        Arc::new(KeyAuthenticator::new(
-            config.access.keys.clone(),
-            config.access.accept_new_keys,
-        )) as Arc<dyn Authenticator>
-    });
+    serve_tcp(listener, Daemon::new(config)).await
+}
+
+/// Serves TCP connections for `daemon` until the task is dropped.
+pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::Result<()> {
+    let config = daemon.config.clone();
     let slots = Arc::new(Semaphore::new(config.access.max_connections));
     loop {
         let (socket, peer) = match listener.accept().await {
@@ -55,8 +93,8 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
         keep_alive(&socket);
         let (connection, run) = match Connection::start_tcp_device(
             socket,
-            engine_config.clone(),
-            authenticator.clone(),
+            daemon.engine.clone(),
+            daemon.authenticator.clone(),
         ) {
             Ok(started) => started,
             Err(error) => {
@@ -79,8 +117,26 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
             .instrument(span.clone()),
         );
         let config = config.clone();
-        tokio::spawn(dispatch(connection, config).instrument(span));
+        tokio::spawn(dispatch(connection, config, Transport::Tcp).instrument(span));
     }
+}
+
+/// Serves ADB over a USB function (FunctionFS, or a fake in tests) for
+/// `daemon`: one connection per time the host enables the function. A USB
+/// host must authenticate when the daemon requires it, like any other.
+/// Returns only when the function's control endpoint fails.
+pub async fn serve_usb<G: Gadget>(gadget: G, daemon: Arc<Daemon>) -> Result<(), FfsError> {
+    let config = daemon.config.clone();
+    oxadb_ffs::serve(
+        gadget,
+        daemon.engine.clone(),
+        daemon.authenticator.clone(),
+        move |connection| {
+            let span = tracing::info_span!("connection", peer = "usb");
+            tokio::spawn(dispatch(connection, config.clone(), Transport::Usb).instrument(span));
+        },
+    )
+    .await
 }
 
 /// TCP keepalive, so that a host that vanished (cable pulled, laptop shut)
@@ -99,9 +155,12 @@ fn keep_alive(socket: &tokio::net::TcpStream) {
 
 /// Waits for the host's CNXN (and its authentication, when required) within
 /// the configured timeouts; closes the connection otherwise.
-async fn handshake(connection: &Connection, config: &DaemonConfig) -> bool {
+async fn handshake(connection: &Connection, config: &DaemonConfig, transport: Transport) -> bool {
     let accepted = tokio::time::Instant::now();
     let access = &config.access;
+    if transport == Transport::Usb {
+        return usb_handshake(connection, access).await;
+    }
     let outcome = match tokio::time::timeout(access.handshake_timeout, connection.connected()).await
     {
         Ok(outcome) => outcome,
@@ -129,6 +188,36 @@ async fn handshake(connection: &Connection, config: &DaemonConfig) -> bool {
             return false;
         }
     };
+    log_connected(outcome)
+}
+
+/// Over USB the function is enabled as soon as the cable is in, and the
+/// host's adb server may start any time later: CNXN has no deadline. Once a
+/// host has sent it, it has `auth_timeout` to authenticate.
+async fn usb_handshake(connection: &Connection, access: &crate::config::Access) -> bool {
+    let mut auth_deadline = None;
+    let outcome = loop {
+        match tokio::time::timeout(Duration::from_secs(1), connection.connected()).await {
+            Ok(outcome) => break outcome,
+            Err(_) if connection.awaiting_auth() => {
+                let deadline = *auth_deadline
+                    .get_or_insert_with(|| tokio::time::Instant::now() + access.auth_timeout);
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(
+                        timeout_s = access.auth_timeout.as_secs(),
+                        "closing connection: the host did not authenticate in time"
+                    );
+                    connection.close();
+                    return false;
+                }
+            }
+            Err(_) => auth_deadline = None,
+        }
+    };
+    log_connected(outcome)
+}
+
+fn log_connected(outcome: Result<oxadb_io::Peer, oxadb_io::ConnectionError>) -> bool {
     match outcome {
         Ok(peer) => {
             tracing::info!(
@@ -164,8 +253,8 @@ macro_rules! refusal {
     };
 }
 
-async fn dispatch(connection: Connection, config: Arc<DaemonConfig>) {
-    if !handshake(&connection, &config).await {
+async fn dispatch(connection: Connection, config: Arc<DaemonConfig>, transport: Transport) {
+    if !handshake(&connection, &config, transport).await {
         return;
     }
     let refusals = Arc::new(Refusals::default());

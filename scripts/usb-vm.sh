@@ -11,8 +11,9 @@
 # oxadb) talk over real bulk endpoints.
 #
 # prepare (idempotent; a repeated run only checks):
-#   1. installs qemu-system-x86, busybox-static and kmod with apt when dpkg
-#      says they are missing (`apt-get update` at most once, only if needed);
+#   1. installs qemu-system-x86, busybox-static, kmod, xz-utils, adb and
+#      python3 with apt when dpkg says they are missing (`apt-get update` at
+#      most once, only if needed);
 #   2. resolves which linux-image-6.1.*-amd64 package Debian's
 #      linux-image-amd64 depends on (or takes USB_VM_KERNEL_PKG=NAME=VERSION),
 #      `apt-get download`s it and unpacks it with `dpkg -x` into
@@ -64,8 +65,12 @@ OUTDIR="${VMDIR}/out"
 # added in front by modprobe's resolution). dummy_hcd comes last and
 # separately, with USB_VM_DUMMY_HCD's parameters.
 BOOT_MODULES=(virtio_pci 9pnet_virtio 9p configfs usbcore libcomposite usb_f_fs)
-# Packages from the Debian archive this script uses.
-HOST_PACKAGES=(qemu-system-x86 busybox-static kmod)
+# Packages from the Debian archive: the VM (qemu-system-x86), the
+# initramfs (busybox-static; kmod's depmod and modprobe resolve modules, and
+# modprobe runs in the VM too; xz-utils unpacks the kernel image), and the
+# USB tests that run in the VM on this machine's tree (adb 29, python3 for
+# tests/usb/ffs_stub.py).
+HOST_PACKAGES=(qemu-system-x86 busybox-static kmod xz-utils adb python3)
 
 usage() {
     sed -n '2,5p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
@@ -103,7 +108,7 @@ install_host_packages() {
         fi
     fi
     local tool
-    for tool in qemu-system-x86_64 depmod modprobe dpkg-deb apt-get; do
+    for tool in qemu-system-x86_64 depmod modprobe xz apt-get; do
         command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is missing after installing ${HOST_PACKAGES[*]}"
     done
     [ -x /bin/busybox ] || die "/bin/busybox is missing (Debian package busybox-static)"
@@ -264,6 +269,10 @@ prepare() {
     [ "$(id -u)" -eq 0 ] || die "run as root (apt, qemu's 9p export of /, mknod for the initramfs)"
     command -v dpkg-query >/dev/null 2>&1 || die "dpkg-query is missing: this needs Debian 12"
     mkdir -p "$VMDIR"
+    # One prepare or VM at a time per tree: they share target/usb-vm (run/
+    # and out/ too). The lock is held until this script (and its qemu) ends.
+    exec 9>"${VMDIR}/.lock"
+    flock -n 9 || die "another scripts/usb-vm.sh is using ${VMDIR} (lock ${VMDIR}/.lock)"
     install_host_packages
     fetch_kernel
     build_initramfs
@@ -290,6 +299,12 @@ show_console_tail() {
     else
         echo "(the console log ${RUNDIR}/console.log is empty)" >&2
     fi
+}
+
+# seconds_since T0 T1 (microseconds): "12.3"
+seconds_since() {
+    local d=$((($2 - $1) / 100000))
+    echo "$((d / 10)).$((d % 10))"
 }
 
 run_vm() {
@@ -349,7 +364,8 @@ EOF
     [ -f "$kernel" ] || kernel="${KDIR}/boot/vmlinuz-${kver}"
     trap cleanup EXIT
     trap 'cleanup; exit 130' INT TERM
-    local t0=$EPOCHREALTIME
+    # Times in microseconds, from bash's clock: no process per check.
+    local t0=${EPOCHREALTIME/./}
     # stdin from /dev/null: the stdio chardev then leaves the terminal alone.
     qemu-system-x86_64 \
         -machine pc,accel="$accel" -m "${USB_VM_MEM:-1024}" -smp "${USB_VM_CPUS:-2}" \
@@ -366,14 +382,13 @@ EOF
 
     # Wait for qemu, watching the clock; init touches run/started just
     # before it runs the script (that is the boot time).
-    local now boot="" limit pid="$QEMU_PID"
-    limit=$(awk -v t="$t0" -v s="$timeout" 'BEGIN { printf "%.3f", t + s }')
+    local now boot="" limit=$((t0 + timeout * 1000000)) pid="$QEMU_PID"
     while kill -0 "$QEMU_PID" 2>/dev/null; do
-        now=$EPOCHREALTIME
+        now=${EPOCHREALTIME/./}
         if [ -z "$boot" ] && [ -e "${RUNDIR}/started" ]; then
-            boot=$(awk -v a="$t0" -v b="$now" 'BEGIN { printf "%.1f", b - a }')
+            boot=$(seconds_since "$t0" "$now")
         fi
-        if awk -v a="$now" -v b="$limit" 'BEGIN { exit !(a > b) }'; then
+        if [ "$now" -gt "$limit" ]; then
             cleanup
             wait "$QEMU_PID" 2>/dev/null || true
             QEMU_PID=""
@@ -387,7 +402,7 @@ EOF
     wait "$QEMU_PID" || qrc=$?
     QEMU_PID=""
     local total
-    total=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+    total=$(seconds_since "$t0" "${EPOCHREALTIME/./}")
     [ -n "$boot" ] || { [ -e "${RUNDIR}/started" ] && boot="<${total}"; } || boot="never"
 
     if [ ! -s "${RUNDIR}/status" ]; then

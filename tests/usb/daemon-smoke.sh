@@ -10,6 +10,7 @@
 # the gadget itself, then with adb 29 (a fresh server, HOME=/tmp/h):
 #   1. `adb devices` lists the serial as "device"; `adb shell echo hi` says hi;
 #   2. push and pull files at packet-size edges and a large one, compared;
+#      a push cut by an unplug leaves no temporary file and no destination;
 #   3. the UDC is unbound and bound again (unplug, replug) CYCLES times, and
 #      the adb server killed and restarted, idle and while the device
 #      streams to it: each time adb reconnects;
@@ -154,6 +155,30 @@ run_speed() {
     before="$(resources)"
 
     push_pull "$dir" || return 1
+
+    # Unplugged in the middle of a push: no temporary file may stay behind.
+    head -c 150000000 /dev/zero >/tmp/bigpush
+    adb -s "$SERIAL" push /tmp/bigpush /tmp/oxadbd-smoke/bigpush >"$dir/push-cut.log" 2>&1 &
+    local pusher=$!
+    for ((i = 0; i < 100; i++)); do
+        local temps=(/tmp/oxadbd-smoke/.oxadb-push.*)
+        [ -e "${temps[0]}" ] && break
+        sleep 0.05
+    done
+    [ -e "${temps[0]}" ] || { echo "  the push never started a temporary file"; return 1; }
+    "$GADGET_SH" unbind >/dev/null || return 1
+    wait "$pusher" 2>/dev/null || true
+    rm -f /tmp/bigpush
+    for ((i = 0; i < 50; i++)); do
+        temps=(/tmp/oxadbd-smoke/.oxadb-push.*)
+        [ -e "${temps[0]}" ] || break
+        sleep 0.1
+    done
+    [ ! -e "${temps[0]}" ] || { echo "  unplugged mid-push: ${temps[*]} left behind"; return 1; }
+    [ ! -e /tmp/oxadbd-smoke/bigpush ] || { echo "  unplugged mid-push: the destination exists"; return 1; }
+    "$GADGET_SH" bind >/dev/null || return 1
+    wait_device || return 1
+    echo "  unplugged mid-push: no temporary file left, no destination"
 
     for ((i = 1; i <= CYCLES; i++)); do
         "$GADGET_SH" unbind >/dev/null || return 1

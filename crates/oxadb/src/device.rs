@@ -168,8 +168,23 @@ impl Device {
         options: &ConnectOptions,
         wait_for_user: bool,
     ) -> Result<Device> {
-        let config = host_config(options);
         let (reader, sink) = crate::usb::open(device).await?;
+        Device::connect_over_usb(reader, sink, device, options, wait_for_user).await
+    }
+
+    /// The handshake over a claimed interface's halves (or test fakes).
+    pub(crate) async fn connect_over_usb<R, S>(
+        reader: R,
+        sink: S,
+        device: &UsbDeviceInfo,
+        options: &ConnectOptions,
+        wait_for_user: bool,
+    ) -> Result<Device>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        S: oxadb_io::PacketSink,
+    {
+        let config = host_config(options);
         let (auth, key_path) = host_auth(options)?;
         let (connection, run) =
             Connection::start_packets(reader, sink, config, device.label(), auth, None);
@@ -253,6 +268,10 @@ impl Device {
                     reason: error.to_string(),
                 },
             })
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.connection
     }
 
     /// Ends the connection.

@@ -10,6 +10,9 @@ pub(crate) mod descriptor;
 pub(crate) mod read;
 pub(crate) mod write;
 
+#[cfg(test)]
+mod link_tests;
+
 use std::io;
 use std::task::{Context, Poll};
 

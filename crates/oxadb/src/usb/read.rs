@@ -419,9 +419,10 @@ mod tests {
         assert_eq!(plan.in_flight(), 4);
         assert_eq!(plan.completed(&[0; 16384]), Ok(0));
         assert_eq!(plan.next_request(), None, "all of it is asked for");
-        // The second piece ends early (the device split its write): the rest
-        // is asked for again behind the header read, which will hold payload
-        // bytes, and a new header read goes last.
+        // The second piece ends early (the device split its write) and the
+        // third takes 7232: 15384 bytes are left, the first 512 of them in
+        // the header read's reach. The other 14872 are asked for (rounded up
+        // to 15360), and a new header read goes last.
         assert_eq!(plan.completed(&[0; 1000]), Ok(0));
         assert_eq!(plan.completed(&[0; 7232]), Ok(0));
         assert_eq!(plan.next_request(), Some(15_360));

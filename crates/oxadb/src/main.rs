@@ -119,9 +119,11 @@ fn keygen(file: &std::path::Path) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let args = Args::parse();
     oxadb_io::tune_allocator();
+    // nusb reports through `log` what oxadb already turns into errors (a
+    // busy interface, a vanished device): only -v shows it.
     let level = match args.verbose {
-        0 => "warn",
-        1 => "debug",
+        0 => "warn,nusb=off",
+        1 => "debug,nusb=warn",
         _ => "trace",
     };
     tracing_subscriber::fmt()

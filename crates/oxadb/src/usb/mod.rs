@@ -53,7 +53,12 @@ impl UsbDeviceInfo {
 
     fn from_nusb(info: nusb::DeviceInfo) -> UsbDeviceInfo {
         let ports: Vec<String> = info.port_chain().iter().map(|p| p.to_string()).collect();
-        let path = format!("usb:{}-{}", info.bus_id(), ports.join("."));
+        // Linux names buses "001"; adb's paths and lsusb's "Bus 1" do not pad.
+        let bus = match info.bus_id().trim_start_matches('0') {
+            "" => "0".to_string(),
+            bus => bus.to_string(),
+        };
+        let path = format!("usb:{bus}-{}", ports.join("."));
         let serial = match info.serial_number() {
             Some(serial) if !serial.trim().is_empty() => serial.to_string(),
             _ => path.clone(),
@@ -61,7 +66,7 @@ impl UsbDeviceInfo {
         UsbDeviceInfo {
             serial,
             path,
-            bus: info.bus_id().to_string(),
+            bus,
             address: info.device_address(),
             vendor_id: info.vendor_id(),
             product_id: info.product_id(),
@@ -250,6 +255,12 @@ pub(crate) fn transfer_error(
         TransferError::Stall => (
             io::ErrorKind::ConnectionReset,
             format!("{label}: endpoint stalled while {doing} (the device ended its ADB function?)"),
+        ),
+        // An unplug in the middle of a transfer often ends it this way
+        // (EPROTO), not as a disconnection.
+        TransferError::Fault => (
+            io::ErrorKind::ConnectionAborted,
+            format!("{label}: {doing} failed: {error} (unplugged, or its ADB function went away?)"),
         ),
         other => (
             io::ErrorKind::Other,

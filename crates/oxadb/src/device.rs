@@ -8,6 +8,8 @@ use oxadb_io::{AdbStream, Connection, Peer};
 use oxadb_wire::{feature, Banner};
 
 use crate::error::{Error, Result};
+use crate::target::{self, Target};
+use crate::usb::UsbDeviceInfo;
 
 /// Environment variable that turns burst mode off (any value but `0`), like `--no-burst`.
 pub const NO_BURST_ENV: &str = "OXADB_NO_BURST";
@@ -56,31 +58,90 @@ pub struct Device {
     connection: Connection,
     peer: Peer,
     serial: String,
+    usb: Option<UsbDeviceInfo>,
+}
+
+/// What a brief connection tells of a device (`oxadb devices`).
+#[derive(Debug, Clone)]
+pub enum DeviceState {
+    /// Connected: the device's banner.
+    Device(Banner),
+    /// It waits for its user to accept this host's key.
+    Unauthorized,
+    /// Another program holds its ADB interface (USB).
+    Busy,
+    /// This user may not open it (USB: a udev rule is missing).
+    NoPermissions,
+    /// No handshake: why.
+    Offline(String),
+}
+
+impl DeviceState {
+    /// The word Google's adb prints for it in `adb devices`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            DeviceState::Device(_) => "device",
+            DeviceState::Unauthorized => "unauthorized",
+            DeviceState::Busy => "busy",
+            DeviceState::NoPermissions => "no permissions",
+            DeviceState::Offline(_) => "offline",
+        }
+    }
+}
+
+/// The USB devices present when `serial` may name one (not for `host:port`),
+/// then [`target::choose`]. A failure to list USB devices only matters when
+/// `serial` names nothing else (a `usb:` path, a serial with colons).
+pub async fn resolve(serial: Option<&str>) -> Result<Target> {
+    let usb = if target::needs_usb_list(serial) {
+        match crate::usb::list_devices().await {
+            Ok(devices) => devices,
+            Err(error) if !target::requires_usb(serial) => {
+                tracing::debug!(%error, "no USB devices");
+                Vec::new()
+            }
+            Err(error) => return Err(error),
+        }
+    } else {
+        Vec::new()
+    };
+    target::choose(serial, &usb)
 }
 
 impl Device {
+    /// Connects to the device `serial` names (`-s`, `ANDROID_SERIAL`): a USB
+    /// serial or `usb:` path, or `host:port` over TCP; with `None`, the only
+    /// USB device present, or [`target::DEFAULT_TCP`] when there is none
+    /// (see [`target::choose`]).
+    pub async fn connect_serial(serial: Option<&str>, options: &ConnectOptions) -> Result<Device> {
+        let target = resolve(serial).await?;
+        Device::connect_target(&target, options).await
+    }
+
+    pub async fn connect_target(target: &Target, options: &ConnectOptions) -> Result<Device> {
+        match target {
+            Target::Tcp(addr) => Device::connect(addr, options).await,
+            Target::Usb(device) => Device::connect_usb(device, options).await,
+        }
+    }
+
     /// Connects to `addr` (`host:port`; port 5555 when omitted) and completes
     /// the handshake, answering authentication challenges with our keys.
     pub async fn connect(addr: &str, options: &ConnectOptions) -> Result<Device> {
+        Device::connect_tcp(addr, options, true).await
+    }
+
+    async fn connect_tcp(
+        addr: &str,
+        options: &ConnectOptions,
+        wait_for_user: bool,
+    ) -> Result<Device> {
         let serial = if addr.contains(':') {
             addr.to_string()
         } else {
             format!("{addr}:5555")
         };
-        let mut banner = Banner::new("host");
-        banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
-        if options.credit.delayed_ack() {
-            banner.features.push(feature::DELAYED_ACK.to_string());
-        }
-        let mut config = Config::new(Role::Host, banner);
-        config.credit_policy = options.credit.policy();
-        config.memory_budget = Some(
-            options
-                .memory_budget
-                .clone()
-                .unwrap_or_else(oxadb_io::process_budget),
-        );
-        config.ack_headroom = options.ack_headroom;
+        let config = host_config(options);
         let connect_error = |source| Error::Connect {
             addr: serial.clone(),
             source,
@@ -89,48 +150,82 @@ impl Device {
             .await
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
-        let (auth, key_path) = if options.authenticate {
-            let keys = oxadb_auth::HostKeys::load_default()?;
-            let key_path = keys.public_key_path().display().to_string();
-            (Some(auth_responder(keys)), key_path)
-        } else {
-            (None, String::new())
-        };
+        let (auth, key_path) = host_auth(options)?;
         let (connection, run) =
             Connection::start_tcp_with_auth(socket, config, auth).map_err(connect_error)?;
         tokio::spawn(run);
-        let peer = match tokio::time::timeout(options.timeout, connection.connected()).await {
-            Ok(Ok(peer)) => peer,
-            Ok(Err(error)) => {
-                return Err(Error::ConnectionLost {
-                    addr: serial,
-                    reason: error.to_string(),
-                })
-            }
-            Err(_) if connection.awaiting_authorization() => {
-                connection.close();
-                return Err(Error::Unauthorized {
-                    addr: serial,
-                    key_path,
-                });
-            }
-            Err(_) => {
-                connection.close();
-                return Err(Error::HandshakeTimeout {
-                    addr: serial,
-                    seconds: options.timeout.as_secs(),
-                });
-            }
-        };
-        tracing::debug!(serial, banner = %peer.banner.encode(), delayed_ack = peer.delayed_ack, "connected");
-        Ok(Device {
-            connection,
-            peer,
-            serial,
-        })
+        handshake(connection, serial, None, key_path, options, wait_for_user).await
     }
 
-    /// The `host:port` this device was reached at.
+    /// Claims `device`'s ADB interface and completes the handshake over its
+    /// bulk endpoints, answering authentication challenges with our keys.
+    pub async fn connect_usb(device: &UsbDeviceInfo, options: &ConnectOptions) -> Result<Device> {
+        Device::connect_usb_inner(device, options, true).await
+    }
+
+    async fn connect_usb_inner(
+        device: &UsbDeviceInfo,
+        options: &ConnectOptions,
+        wait_for_user: bool,
+    ) -> Result<Device> {
+        let (reader, sink) = crate::usb::open(device).await?;
+        Device::connect_over_usb(reader, sink, device, options, wait_for_user).await
+    }
+
+    /// The handshake over a claimed interface's halves (or test fakes).
+    pub(crate) async fn connect_over_usb<R, S>(
+        reader: R,
+        sink: S,
+        device: &UsbDeviceInfo,
+        options: &ConnectOptions,
+        wait_for_user: bool,
+    ) -> Result<Device>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        S: oxadb_io::PacketSink,
+    {
+        let config = host_config(options);
+        let (auth, key_path) = host_auth(options)?;
+        let (connection, run) =
+            Connection::start_packets(reader, sink, config, device.label(), auth, None);
+        tokio::spawn(run);
+        handshake(
+            connection,
+            device.serial.clone(),
+            Some(device.clone()),
+            key_path,
+            options,
+            wait_for_user,
+        )
+        .await
+    }
+
+    /// Connects briefly to tell the device's state, without waiting for its
+    /// user to accept our key (that shows as `Unauthorized` at once).
+    pub async fn probe(target: &Target, options: &ConnectOptions) -> DeviceState {
+        let result = match target {
+            Target::Tcp(addr) => Device::connect_tcp(addr, options, false).await,
+            Target::Usb(device) => Device::connect_usb_inner(device, options, false).await,
+        };
+        match result {
+            Ok(device) => {
+                let banner = device.peer.banner.clone();
+                device.close();
+                DeviceState::Device(banner)
+            }
+            Err(Error::Unauthorized { .. }) => DeviceState::Unauthorized,
+            Err(Error::UsbClaimed { .. }) => DeviceState::Busy,
+            Err(Error::UsbPermission { .. }) => DeviceState::NoPermissions,
+            Err(error) => DeviceState::Offline(error.to_string()),
+        }
+    }
+
+    /// The USB device this connection runs over, if it does.
+    pub fn usb(&self) -> Option<&UsbDeviceInfo> {
+        self.usb.as_ref()
+    }
+
+    /// The `host:port` this device was reached at, or its USB serial.
     pub fn serial(&self) -> &str {
         &self.serial
     }
@@ -175,6 +270,10 @@ impl Device {
             })
     }
 
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
     /// Ends the connection.
     pub fn close(&self) {
         self.connection.close();
@@ -185,6 +284,89 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.connection.close();
     }
+}
+
+/// The engine configuration of a host connection, from `options`.
+fn host_config(options: &ConnectOptions) -> Config {
+    let mut banner = Banner::new("host");
+    banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
+    if options.credit.delayed_ack() {
+        banner.features.push(feature::DELAYED_ACK.to_string());
+    }
+    let mut config = Config::new(Role::Host, banner);
+    config.credit_policy = options.credit.policy();
+    config.memory_budget = Some(
+        options
+            .memory_budget
+            .clone()
+            .unwrap_or_else(oxadb_io::process_budget),
+    );
+    config.ack_headroom = options.ack_headroom;
+    config
+}
+
+/// The AUTH responder for `options` and the public key's path (for the
+/// "unauthorized" message).
+fn host_auth(options: &ConnectOptions) -> Result<(Option<oxadb_io::AuthResponder>, String)> {
+    if !options.authenticate {
+        return Ok((None, String::new()));
+    }
+    let keys = oxadb_auth::HostKeys::load_default()?;
+    let key_path = keys.public_key_path().display().to_string();
+    Ok((Some(auth_responder(keys)), key_path))
+}
+
+/// Waits for the CNXN exchange on a started connection, whatever carries it.
+/// Without `wait_for_user` an AUTH exchange that needs the device's user
+/// ends at once as unauthorized.
+async fn handshake(
+    connection: Connection,
+    serial: String,
+    usb: Option<UsbDeviceInfo>,
+    key_path: String,
+    options: &ConnectOptions,
+    wait_for_user: bool,
+) -> Result<Device> {
+    // Polled, as the connection has no wake-up for it; only probes ask.
+    let needs_user = async {
+        while !connection.awaiting_authorization() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let outcome = tokio::select! {
+        result = tokio::time::timeout(options.timeout, connection.connected()) => result.ok(),
+        () = needs_user, if !wait_for_user => None,
+    };
+    let peer = match outcome {
+        Some(Ok(peer)) => peer,
+        Some(Err(error)) => {
+            return Err(Error::ConnectionLost {
+                addr: serial,
+                reason: error.to_string(),
+            })
+        }
+        None if connection.awaiting_authorization() => {
+            connection.close();
+            return Err(Error::Unauthorized {
+                addr: serial,
+                key_path,
+            });
+        }
+        None => {
+            connection.close();
+            return Err(Error::HandshakeTimeout {
+                addr: serial,
+                seconds: options.timeout.as_secs(),
+            });
+        }
+    };
+    tracing::debug!(serial, banner = %peer.banner.encode(), delayed_ack = peer.delayed_ack, "connected");
+    Ok(Device {
+        connection,
+        peer,
+        serial,
+        usb,
+    })
 }
 
 /// AOSP's order: sign with each key in turn; once all were refused, offer the

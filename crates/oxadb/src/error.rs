@@ -33,6 +33,18 @@ pub enum Error {
     Remote { path: String, message: String },
     #[error("sync protocol: {0}")]
     Protocol(String),
+    #[error("listing USB devices: {0}")]
+    UsbList(nusb::Error),
+    #[error("{device}: {message}")]
+    Usb { device: String, message: String },
+    #[error("{device}: its ADB interface is claimed by another program (a running adb server? try `adb kill-server`)")]
+    UsbClaimed { device: String },
+    #[error("{device}: no permission to open it (missing udev rule? e.g. SUBSYSTEM==\"usb\", ATTR{{idVendor}}==\"{vendor_id:04x}\", MODE=\"0660\", GROUP=\"plugdev\")")]
+    UsbPermission { device: String, vendor_id: u16 },
+    #[error("device '{serial}' not found")]
+    DeviceNotFound { serial: String },
+    #[error("more than one device ({}): pick one with -s SERIAL or ANDROID_SERIAL", .serials.join(", "))]
+    MoreThanOneDevice { serials: Vec<String> },
     /// A push or pull failed: one message per failed source, each naming the
     /// local and remote paths and the cause in adb's words.
     #[error("{}", .messages.join("\n"))]

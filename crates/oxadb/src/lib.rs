@@ -1,5 +1,5 @@
 //! oxadb: a host library for the Android Debug Bridge. It talks to any adbd
-//! (Android's or `oxadbd`) directly over TCP, with no adb server in between,
+//! (Android's or `oxadbd`) directly over TCP or USB, with no adb server in between,
 //! and pipelines transfers ("burst mode", `delayed_ack`) whenever the device
 //! supports it.
 //!
@@ -19,9 +19,13 @@ pub mod device;
 pub mod error;
 pub mod shell;
 pub mod sync;
+pub mod target;
+pub mod usb;
 
-pub use device::{ConnectOptions, CreditMode, Device};
+pub use device::{resolve, ConnectOptions, CreditMode, Device, DeviceState};
 pub use error::{Error, Result};
 pub use oxadb_engine::{BudgetLimits, MemoryBudget};
 pub use oxadb_io::{AdbStream, StreamStats};
 pub use shell::ShellOutput;
+pub use target::Target;
+pub use usb::UsbDeviceInfo;

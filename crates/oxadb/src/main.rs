@@ -1,5 +1,5 @@
-//! `oxadb`: an ADB host command line that talks to any adbd directly over TCP,
-//! with burst mode (`delayed_ack`) whenever the device supports it.
+//! `oxadb`: an ADB host command line that talks to any adbd directly over TCP
+//! or USB, with burst mode (`delayed_ack`) whenever the device supports it.
 
 mod cli;
 
@@ -14,18 +14,15 @@ use oxadb::{ConnectOptions, Device};
 #[command(
     version,
     about,
-    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (host:port)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
-    /// Device to talk to: HOST:PORT (port 5555 if omitted).
-    #[arg(
-        short = 's',
-        long = "serial",
-        env = "ANDROID_SERIAL",
-        default_value = "127.0.0.1:5555",
-        global = true
-    )]
-    serial: String,
+    /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
+    /// `oxadb devices` lists them), or HOST:PORT over TCP (port 5555 if
+    /// omitted and no USB device has that serial) [default: the only USB
+    /// device present, else 127.0.0.1:5555].
+    #[arg(short = 's', long = "serial", env = "ANDROID_SERIAL", global = true)]
+    serial: Option<String>,
     /// Classic flow control (one packet in flight per stream) even when the
     /// device supports burst mode; for comparisons.
     #[arg(long, global = true, conflicts_with = "credit")]
@@ -52,6 +49,9 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// List the USB devices with an ADB interface and the TCP device in use,
+    /// with their state (device, unauthorized, offline, busy, no permissions).
+    Devices(cli::devices::DevicesArgs),
     /// Run a command on the device (an interactive shell when none is given).
     /// Exits with the remote command's status.
     Shell(cli::shell::ShellArgs),
@@ -119,9 +119,11 @@ fn keygen(file: &std::path::Path) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let args = Args::parse();
     oxadb_io::tune_allocator();
+    // nusb reports through `log` what oxadb already turns into errors (a
+    // busy interface, a vanished device): only -v shows it.
     let level = match args.verbose {
-        0 => "warn",
-        1 => "debug",
+        0 => "warn,nusb=off",
+        1 => "debug,nusb=warn",
         _ => "trace",
     };
     tracing_subscriber::fmt()
@@ -198,7 +200,10 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         )));
     }
     options.ack_headroom = !args.no_ack_headroom;
-    let device = Device::connect(&args.serial, &options).await?;
+    if let Command::Devices(devices) = &args.command {
+        return cli::devices::devices(args.serial.as_deref(), &options, devices).await;
+    }
+    let device = Device::connect_serial(args.serial.as_deref(), &options).await?;
     let code = match &args.command {
         Command::Shell(shell) => cli::shell::shell(&device, shell).await?,
         Command::ExecOut(exec) => cli::shell::exec_out(&device, exec).await?,
@@ -229,7 +234,9 @@ async fn run(args: Args) -> anyhow::Result<i32> {
             println!("device");
             0
         }
-        Command::Version | Command::Keygen { .. } => unreachable!("handled above"),
+        Command::Version | Command::Keygen { .. } | Command::Devices(_) => {
+            unreachable!("handled above")
+        }
     };
     device.close();
     Ok(code)

@@ -43,6 +43,15 @@ fn host_key(home: &Path) -> PrivateKey {
 fn run_against(
     device: impl FnOnce(TcpStream, &Path) + Send + 'static,
 ) -> (Output, tempfile::TempDir) {
+    let (output, home, _addr) = run_command(&["get-state"], device);
+    (output, home)
+}
+
+/// Runs `oxadb -s ADDR ARGS...` against a device scripted by `device`.
+fn run_command(
+    args: &[&str],
+    device: impl FnOnce(TcpStream, &Path) + Send + 'static,
+) -> (Output, tempfile::TempDir, String) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let home = tempfile::tempdir().unwrap();
@@ -52,14 +61,15 @@ fn run_against(
         device(socket, &home_path);
     });
     let output = Command::new(env!("CARGO_BIN_EXE_oxadb"))
-        .args(["-s", &addr.to_string(), "get-state"])
+        .args(["-s", &addr.to_string()])
+        .args(args)
         .env("HOME", home.path())
         .env_remove("ADB_VENDOR_KEYS")
         .stdin(Stdio::null())
         .output()
         .unwrap();
     script.join().unwrap();
-    (output, home)
+    (output, home, addr.to_string())
 }
 
 fn device_cnxn() -> Packet {
@@ -135,4 +145,52 @@ fn unauthorized_device_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("unauthorized"), "{stderr}");
     assert!(stderr.contains("adbkey.pub"), "{stderr}");
+}
+
+#[test]
+fn devices_shows_unauthorized_without_waiting_for_the_user() {
+    let started = std::time::Instant::now();
+    let (output, _home, addr) = run_command(&["devices"], |mut socket, _home| {
+        read_packet(&mut socket);
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(6)));
+        assert_eq!(read_packet(&mut socket).arg0, AUTH_SIGNATURE);
+        send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(7)));
+        assert_eq!(read_packet(&mut socket).arg0, AUTH_RSAPUBLICKEY);
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest);
+    });
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("List of devices attached\n{addr}\tunauthorized\n\n")
+    );
+    // The probe's handshake timeout is 3 s; the key offer ends it at once.
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+}
+
+#[test]
+fn devices_lists_a_tcp_device_that_answers() {
+    let (output, _home, addr) = run_command(&["devices", "-l"], |mut socket, _home| {
+        read_packet(&mut socket);
+        let mut banner = Banner::new("device");
+        banner
+            .properties
+            .push(("ro.product.model".into(), "Pixel 9".into()));
+        send(
+            &mut socket,
+            Packet::new(
+                Cmd::Cnxn,
+                0x0100_0001,
+                MAX_PAYLOAD,
+                banner.encode().into_bytes(),
+            ),
+        );
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest);
+    });
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("List of devices attached\n{addr:<22} device model:Pixel_9\n\n")
+    );
 }

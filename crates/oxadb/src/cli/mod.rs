@@ -1,4 +1,5 @@
 //! The `oxadb` command line: one module per group of commands.
+pub mod devices;
 pub mod forward;
 pub mod shell;
 pub mod transfer;

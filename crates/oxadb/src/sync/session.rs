@@ -146,6 +146,9 @@ struct Unacked {
 pub struct SyncSession {
     stream: AdbStream,
     serial: String,
+    /// Tells why the stream ended when the whole connection did (a device
+    /// unplugged, a reset link) rather than the device closing the stream.
+    connection: oxadb_io::Connection,
     features: SyncFeatures,
     /// Received bytes not consumed yet.
     inbox: VecDeque<Bytes>,
@@ -167,6 +170,7 @@ impl SyncSession {
         Ok(SyncSession {
             stream,
             serial: device.serial().to_string(),
+            connection: device.connection().clone(),
             features,
             inbox: VecDeque::new(),
             inbox_len: 0,
@@ -1012,6 +1016,18 @@ impl SyncSession {
         }
     }
 
+    /// The error for a stream that ended under us: the connection's end if
+    /// that is what ended it.
+    fn stream_ended(&self) -> Error {
+        Error::ConnectionLost {
+            addr: self.serial.clone(),
+            reason: match self.connection.closed() {
+                Some(error) if !error.is_clean() => error.to_string(),
+                _ => "the device closed the sync stream".to_string(),
+            },
+        }
+    }
+
     /// Waits for more data; the end of the stream is an error here.
     async fn fill(&mut self) -> Result<()> {
         match self.stream.read_chunk(READ_MAX).await {
@@ -1021,10 +1037,7 @@ impl SyncSession {
             }
             Ok(None) => {
                 self.end("the device closed the stream");
-                Err(Error::ConnectionLost {
-                    addr: self.serial.clone(),
-                    reason: "the device closed the sync stream".to_string(),
-                })
+                Err(self.stream_ended())
             }
             Err(error) => Err(self.stream_error(&error)),
         }
@@ -1050,10 +1063,7 @@ impl SyncSession {
             }
             Some(Ok(None)) => {
                 self.end("the device closed the stream");
-                Err(Error::ConnectionLost {
-                    addr: self.serial.clone(),
-                    reason: "the device closed the sync stream".to_string(),
-                })
+                Err(self.stream_ended())
             }
             Some(Err(error)) => Err(self.stream_error(&error)),
         }

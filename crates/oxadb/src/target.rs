@@ -1,0 +1,220 @@
+//! Which device a command talks to: `-s`/`ANDROID_SERIAL` read as a TCP
+//! address or a USB serial, or with neither the one USB device present.
+
+use crate::error::{Error, Result};
+use crate::usb::UsbDeviceInfo;
+
+/// Where a command goes when nothing names a device and no single USB
+/// device is present: a local adbd (an emulator's, or oxadbd).
+pub const DEFAULT_TCP: &str = "127.0.0.1:5555";
+
+/// A device to connect to.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// `host:port` over TCP.
+    Tcp(String),
+    Usb(Box<UsbDeviceInfo>),
+}
+
+impl Target {
+    /// How the user names it: `host:port`, or the USB serial.
+    pub fn serial(&self) -> &str {
+        match self {
+            Target::Tcp(addr) => addr,
+            Target::Usb(device) => &device.serial,
+        }
+    }
+}
+
+/// How a `-s` value is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spec<'a> {
+    /// `host:port` (or `[v6]:port`): TCP, exactly as before USB existed.
+    Tcp(&'a str),
+    /// `usb:BUS-PORT[.PORT...]`: the USB device plugged in there.
+    UsbPath(&'a str),
+    /// Has a colon but is no address (some serials do): a USB serial only.
+    UsbSerial(&'a str),
+    /// A bare word: the USB device with that serial, else `word:5555` over TCP.
+    SerialOrHost(&'a str),
+}
+
+fn classify(serial: &str) -> Spec<'_> {
+    if serial.starts_with("usb:") {
+        return Spec::UsbPath(serial);
+    }
+    if is_tcp_address(serial) {
+        return Spec::Tcp(serial);
+    }
+    if serial.contains(':') {
+        Spec::UsbSerial(serial)
+    } else {
+        Spec::SerialOrHost(serial)
+    }
+}
+
+/// Whether `serial` is a `host:port` TCP address (a port number after the
+/// last colon, and a host that is a name, an IPv4 address or a bracketed
+/// IPv6 one).
+pub fn is_tcp_address(serial: &str) -> bool {
+    let Some((host, port)) = serial.rsplit_once(':') else {
+        return false;
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return false;
+    }
+    match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .is_some_and(|v6| v6.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => !host.contains(':'),
+    }
+}
+
+/// Whether choosing for `serial` needs the list of USB devices: not for a
+/// `host:port`, which is TCP without looking at USB at all.
+pub fn needs_usb_list(serial: Option<&str>) -> bool {
+    !matches!(serial.map(classify), Some(Spec::Tcp(_)))
+}
+
+/// Whether a failure to list USB devices should fail the command: only when
+/// `serial` can name nothing but a USB device.
+pub fn requires_usb(serial: Option<&str>) -> bool {
+    matches!(
+        serial.map(classify),
+        Some(Spec::UsbPath(_) | Spec::UsbSerial(_))
+    )
+}
+
+/// Picks the device for `serial` (the `-s` value or `ANDROID_SERIAL`)
+/// among the USB devices present, as Google's adb does: a serial or a
+/// `usb:` path names a USB device; `host:port` is TCP; with nothing given,
+/// the one USB device if there is exactly one, more than one is an error,
+/// and none falls back to [`DEFAULT_TCP`].
+pub fn choose(serial: Option<&str>, usb: &[UsbDeviceInfo]) -> Result<Target> {
+    let Some(serial) = serial else {
+        return match usb {
+            [] => Ok(Target::Tcp(DEFAULT_TCP.to_string())),
+            [only] => Ok(Target::Usb(Box::new(only.clone()))),
+            several => Err(Error::MoreThanOneDevice {
+                serials: several.iter().map(|d| d.serial.clone()).collect(),
+            }),
+        };
+    };
+    let not_found = || Error::DeviceNotFound {
+        serial: serial.to_string(),
+    };
+    let by_serial = |serial: &str| -> Result<Option<Target>> {
+        let matches: Vec<&UsbDeviceInfo> = usb.iter().filter(|d| d.serial == serial).collect();
+        match matches.as_slice() {
+            [] => Ok(None),
+            [only] => Ok(Some(Target::Usb(Box::new((*only).clone())))),
+            // Cheap devices share a serial: the path tells them apart.
+            several => Err(Error::MoreThanOneDevice {
+                serials: several.iter().map(|d| d.path.clone()).collect(),
+            }),
+        }
+    };
+    match classify(serial) {
+        Spec::Tcp(addr) => Ok(Target::Tcp(addr.to_string())),
+        Spec::UsbPath(path) => usb
+            .iter()
+            .find(|d| d.path == path)
+            .map(|d| Target::Usb(Box::new(d.clone())))
+            .ok_or_else(not_found),
+        Spec::UsbSerial(serial) => by_serial(serial)?.ok_or_else(not_found),
+        Spec::SerialOrHost(word) => {
+            Ok(by_serial(word)?.unwrap_or_else(|| Target::Tcp(format!("{word}:5555"))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usb(list: &[(&str, &str)]) -> Vec<UsbDeviceInfo> {
+        list.iter()
+            .map(|(serial, path)| UsbDeviceInfo::for_test(serial, path))
+            .collect()
+    }
+
+    fn chosen(serial: Option<&str>, devices: &[UsbDeviceInfo]) -> String {
+        match choose(serial, devices).unwrap() {
+            Target::Tcp(addr) => format!("tcp {addr}"),
+            Target::Usb(device) => format!("usb {} {}", device.serial, device.path),
+        }
+    }
+
+    #[test]
+    fn host_port_is_tcp_without_looking_at_usb() {
+        let devices = usb(&[("R58M", "usb:1-1")]);
+        for addr in [
+            "127.0.0.1:5555",
+            "localhost:5037",
+            "[::1]:5555",
+            "phone.lan:40000",
+        ] {
+            assert_eq!(chosen(Some(addr), &devices), format!("tcp {addr}"));
+            assert!(!needs_usb_list(Some(addr)));
+        }
+        assert!(needs_usb_list(None));
+        assert!(needs_usb_list(Some("R58M")));
+    }
+
+    #[test]
+    fn no_serial_picks_the_only_usb_device_or_the_default() {
+        assert_eq!(chosen(None, &[]), "tcp 127.0.0.1:5555");
+        assert_eq!(
+            chosen(None, &usb(&[("R58M", "usb:1-1")])),
+            "usb R58M usb:1-1"
+        );
+        let error = choose(None, &usb(&[("A", "usb:1-1"), ("B", "usb:1-2")])).unwrap_err();
+        assert!(matches!(error, Error::MoreThanOneDevice { .. }));
+        assert_eq!(
+            error.to_string(),
+            "more than one device (A, B): pick one with -s SERIAL or ANDROID_SERIAL"
+        );
+    }
+
+    #[test]
+    fn serials_and_paths_pick_usb_devices() {
+        let devices = usb(&[("A", "usb:1-1"), ("B", "usb:1-2.3"), ("usb:2-4", "usb:2-4")]);
+        assert_eq!(chosen(Some("B"), &devices), "usb B usb:1-2.3");
+        assert_eq!(chosen(Some("usb:1-1"), &devices), "usb A usb:1-1");
+        // A device without a serial is named by its path.
+        assert_eq!(chosen(Some("usb:2-4"), &devices), "usb usb:2-4 usb:2-4");
+        // A serial with colons that is no address.
+        let devices = usb(&[("00:1a:2b", "usb:3-1")]);
+        assert_eq!(chosen(Some("00:1a:2b"), &devices), "usb 00:1a:2b usb:3-1");
+    }
+
+    #[test]
+    fn unknown_names_fall_back_to_tcp_or_fail() {
+        let devices = usb(&[("A", "usb:1-1")]);
+        // A bare word that no USB device has is a host, port 5555 (as before).
+        assert_eq!(chosen(Some("10.0.0.7"), &devices), "tcp 10.0.0.7:5555");
+        assert_eq!(chosen(Some("phone"), &devices), "tcp phone:5555");
+        for missing in ["usb:9-9", "de:ad:be:ef"] {
+            let error = choose(Some(missing), &devices).unwrap_err();
+            assert_eq!(error.to_string(), format!("device '{missing}' not found"));
+            assert!(requires_usb(Some(missing)));
+        }
+        assert!(!requires_usb(Some("phone")));
+        assert!(!requires_usb(None));
+    }
+
+    #[test]
+    fn duplicate_serials_need_a_path() {
+        let devices = usb(&[
+            ("0123456789ABCDEF", "usb:1-1"),
+            ("0123456789ABCDEF", "usb:1-2"),
+        ]);
+        let error = choose(Some("0123456789ABCDEF"), &devices).unwrap_err();
+        assert!(error.to_string().contains("usb:1-1, usb:1-2"), "{error}");
+        assert_eq!(
+            chosen(Some("usb:1-2"), &devices),
+            "usb 0123456789ABCDEF usb:1-2"
+        );
+    }
+}

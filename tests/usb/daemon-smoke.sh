@@ -16,6 +16,8 @@
 #      streams to it: each time adb reconnects;
 #   4. the daemon's open fds and threads are the same after the cycles as
 #      after the first connection (nothing leaks per connection);
+#   (and, when target/release/oxadb is built, oxadb's own USB host driver:
+#   shell, and a 20 MB push and pull in burst mode;)
 #   5. SIGTERM stops the daemon, which leaves the gadget unbound.
 # Logs go to $USB_VM_OUT/daemon-smoke/<speed>/. Prints PASS or FAIL per
 # speed and overall; exits 0 only if all passed.
@@ -24,6 +26,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 GADGET_SH="${REPO}/scripts/usb-gadget.sh"
 OXADBD="${OXADBD:-${REPO}/target/release/oxadbd}"
+OXADB="${OXADB:-${REPO}/target/release/oxadb}" # optional: its USB host driver is tried too
 GADGET=/sys/kernel/config/usb_gadget/oxadbd
 FFS_DIR=/dev/usb-ffs/adb
 SERIAL=oxadbdsmoke01
@@ -211,6 +214,19 @@ run_speed() {
     [ "$before" = "$after" ] || { echo "  the daemon's fds or threads changed"; ls -l /proc/"$DAEMON_PID"/fd >"$dir/fds.txt" 2>&1; return 1; }
 
     adb kill-server >/dev/null 2>&1 || true
+    if [ -x "$OXADB" ]; then
+        # oxadb's own USB host driver (no adb server) against the daemon,
+        # with burst mode (delayed_ack) on both sides.
+        local got
+        got="$(timeout 30 "$OXADB" -s "$SERIAL" shell echo viaoxadb 2>&1)" || true
+        [ "$got" = viaoxadb ] || { echo "  oxadb -s ${SERIAL} shell echo viaoxadb said: ${got}"; return 1; }
+        head -c 20000001 /dev/urandom >/tmp/oxadb-big
+        timeout 120 "$OXADB" -s "$SERIAL" push /tmp/oxadb-big /tmp/oxadbd-smoke/oxadb-big >"$dir/oxadb.log" 2>&1 || { echo "  oxadb push failed:"; tail -n 3 "$dir/oxadb.log"; return 1; }
+        timeout 120 "$OXADB" -s "$SERIAL" pull /tmp/oxadbd-smoke/oxadb-big /tmp/oxadb-big.back >>"$dir/oxadb.log" 2>&1 || { echo "  oxadb pull failed:"; tail -n 3 "$dir/oxadb.log"; return 1; }
+        cmp -s /tmp/oxadb-big /tmp/oxadbd-smoke/oxadb-big && cmp -s /tmp/oxadb-big /tmp/oxadb-big.back || { echo "  oxadb push/pull of 20 MB differ"; return 1; }
+        rm -f /tmp/oxadb-big /tmp/oxadb-big.back /tmp/oxadbd-smoke/oxadb-big
+        echo "  oxadb (USB host, burst mode): shell, push and pull of 20 MB"
+    fi
     kill "$DAEMON_PID"
     wait "$DAEMON_PID" 2>/dev/null || true
     DAEMON_PID=""

@@ -21,13 +21,17 @@
 #  11. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
 #      and runs a short `oxadb-bench emulated` (two network namespaces of its
 #      own, a 10 ms link): the link emulator, its cleanup and the clients
-#      through it.
+#      through it,
+#  12. runs the USB tests in a qemu VM (scripts/usb-vm.sh: installs qemu,
+#      busybox-static and kmod, fetches Debian's kernel package without
+#      installing it) where dummy_hcd joins oxadbd's FunctionFS gadget to
+#      Google adb 29 and oxadb as USB hosts (tests/usb/suite.sh).
 # Any failure stops the run with a non-zero exit status. Nothing is skipped:
 # a missing peer (adb, python, node, npm, cargo, oxadbd) is an error.
 #
 # Options (environment):
 #   PYTEST_ARGS   extra arguments for pytest (e.g. "-k shell -x")
-#   FUZZ_SECONDS  seconds each fuzz target runs (60)
+#   FUZZ_SECONDS  seconds each fuzz target runs (30 here; fuzz.sh's own default is 60)
 
 set -euo pipefail
 
@@ -37,7 +41,7 @@ REPO="$(pwd)"
 ADB_WANT="29.0.6"
 START=$SECONDS
 PHASE=0
-PHASES=11
+PHASES=12
 
 phase() {
     PHASE=$((PHASE + 1))
@@ -147,7 +151,10 @@ command -v ip >/dev/null 2>&1 || die "ip is still missing after installing iprou
 python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
 
 # --------------------------------------------------------------------------------
-phase "fuzz: 4 cargo-fuzz targets, ${FUZZ_SECONDS:-60} s each (scripts/fuzz.sh)"
+# 30 s per target keeps the whole suite under 15 minutes with the USB VM;
+# longer runs: FUZZ_SECONDS=600 bash scripts/fuzz.sh (docs/fuzzing.md).
+export FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+phase "fuzz: 4 cargo-fuzz targets, ${FUZZ_SECONDS} s each (scripts/fuzz.sh)"
 bash scripts/fuzz.sh
 
 # --------------------------------------------------------------------------------
@@ -171,5 +178,10 @@ printf '%s\n' "${EMU_OUT}" | grep -q '^Ping .*: within 10%' ||
 if [ "$(ip netns list | grep -c '^oxemu-' || true)" -gt "${EMU_NS_BEFORE}" ]; then
     die "oxadb-bench emulated left network namespaces behind: $(ip netns list)"
 fi
+
+# --------------------------------------------------------------------------------
+phase "USB: oxadbd as a FunctionFS gadget, adb 29 and oxadb as hosts, over dummy_hcd in a qemu VM (tests/usb/suite.sh)"
+as_root bash scripts/usb-vm.sh prepare
+as_root bash scripts/usb-vm.sh run tests/usb/suite.sh || die "the USB tests failed in the VM (tests/usb/suite.sh; logs in target/usb-vm)"
 
 printf '\nAll %d phases passed in %ds\n' "$PHASES" "$((SECONDS - START))"

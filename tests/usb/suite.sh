@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The USB part of the test command, in one VM boot (scripts/usb-vm.sh run
+# tests/usb/suite.sh): issue 6's acceptance at high and super speed, the
+# daemon's own checks (unplug cycles, fd and thread counts) at full speed,
+# and the host driver's packet-edge and claimed-interface checks at high
+# speed. Each script prints PASS or FAIL; this exits non-zero if any failed.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+failed=()
+run() {
+    local start=$SECONDS
+    echo "##### $*"
+    "$@" || failed+=("$*")
+    echo "##### $* took $((SECONDS - start)) s"
+}
+run "$HERE/usb-interop.sh" high super
+run "$HERE/daemon-smoke.sh" full
+run "$HERE/host-smoke.sh" high
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "USB suite FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "USB suite passed"

@@ -74,8 +74,24 @@ struct InFlight {
     buffer: Buffer,
 }
 
+/// The shape of an endpoint's traffic, logged when it closes: how many
+/// transfers completed per wake-up and how full they were. The link
+/// simulator's usb3 model batches arrivals; these are the numbers to
+/// calibrate that batching from (issue 6).
+#[derive(Debug, Default, Clone, Copy)]
+struct CompletionShape {
+    /// Wake-ups that reaped at least one completion.
+    batches: u64,
+    completions: u64,
+    bytes: u64,
+    largest_batch: usize,
+    /// Completions of fewer bytes than were asked for (a short packet ended them).
+    short: u64,
+}
+
 /// An endpoint file with up to `depth` transfers in flight.
 pub struct AioEndpoint {
+    shape: CompletionShape,
     context: AioContext,
     depth: usize,
     in_flight: HashMap<u64, InFlight>,
@@ -116,6 +132,7 @@ impl AioEndpoint {
             ));
         }
         Ok(AioEndpoint {
+            shape: CompletionShape::default(),
             context,
             depth,
             in_flight: HashMap::with_capacity(depth),
@@ -166,6 +183,10 @@ impl AioEndpoint {
                 let result = if event.res < 0 {
                     Err(io::Error::from_raw_os_error(-event.res as i32))
                 } else {
+                    self.shape.bytes += event.res as u64;
+                    if (event.res as usize) < transfer.buffer.len() {
+                        self.shape.short += 1;
+                    }
                     Ok(event.res as usize)
                 };
                 done.push(Completion {
@@ -176,6 +197,11 @@ impl AioEndpoint {
             }
             reaped += count;
             if count < events.len() {
+                if reaped > 0 {
+                    self.shape.batches += 1;
+                    self.shape.completions += reaped as u64;
+                    self.shape.largest_batch = self.shape.largest_batch.max(reaped);
+                }
                 return Ok(reaped);
             }
         }
@@ -265,6 +291,19 @@ impl Endpoint for AioEndpoint {
 
 impl Drop for AioEndpoint {
     fn drop(&mut self) {
+        let shape = self.shape;
+        if shape.completions > 0 {
+            tracing::debug!(
+                path = %self.path.display(),
+                completions = shape.completions,
+                batches = shape.batches,
+                mean_batch = format_args!("{:.2}", shape.completions as f64 / shape.batches as f64),
+                largest_batch = shape.largest_batch,
+                mean_transfer_bytes = shape.bytes / shape.completions,
+                short = shape.short,
+                "endpoint closed: completions per wake-up"
+            );
+        }
         // SAFETY: the context is ours. io_destroy cancels queued requests and
         // returns once the kernel has finished with every one of them.
         let rc = unsafe { libc::syscall(libc::SYS_io_destroy, self.context) };

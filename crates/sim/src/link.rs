@@ -42,18 +42,21 @@ impl Link {
     /// 5 Gbit/s signalling carries about 350 MB/s of ADB payload after
     /// 8b/10b coding, bulk-protocol and gadget overheads (burst push reached
     /// 340 MB/s there); each bulk transfer costs tens of microseconds; the
-    /// host controller reports completions in batches (one 125 us microframe
-    /// at a time); and a packet's acknowledgement takes about 2 ms to come
-    /// back through both USB stacks and both ADB processes (classic push
-    /// managed 202 MB/s: 5.2 ms per 1 MiB packet, 3 ms of it on the wire).
-    /// Issue 6 recalibrates the shape from a real gadget under dummy_hcd.
+    /// gadget takes completions in batches; and a packet's acknowledgement
+    /// takes about 2 ms to come back through both USB stacks and both ADB
+    /// processes (classic push managed 202 MB/s: 5.2 ms per 1 MiB packet, 3 ms
+    /// of it on the wire). The batch is what oxadbd's FunctionFS endpoints
+    /// showed under dummy_hcd (tests/usb/transfer-shapes.sh): 16 KiB
+    /// transfers, reaped 3.4 to 5.1 at a time (at most the 8 queued), about
+    /// 72 KiB per wake-up, which at this rate is 200 us (first guess: one
+    /// 125 us microframe).
     pub fn usb3() -> Link {
         Link {
             name: "usb3",
             rate: 350_000_000,
             one_way_delay_ns: MS,
             per_transfer_overhead_ns: 30 * US,
-            batch_interval_ns: 125 * US,
+            batch_interval_ns: 200 * US,
         }
     }
 

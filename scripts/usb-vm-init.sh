@@ -41,12 +41,13 @@ mount -t 9p -o "$P9,cache=none" ctl /ctl || fatal "mount 9p ctl"
 [ -r /ctl/env ] || fatal "/ctl/env is missing"
 while IFS='=' read -r k v; do
     case "$k" in
+        USB_VM_TREE) TREE="$v" ;;
         USB_VM_RUN) RUN="$v" ;;
         USB_VM_OUT) OUT="$v" ;;
         USB_VM_DUMMY_HCD) DUMMY="$v" ;;
     esac
 done </ctl/env
-{ [ -n "$RUN" ] && [ -n "$OUT" ]; } || fatal "/ctl/env lacks USB_VM_RUN or USB_VM_OUT"
+{ [ -n "${TREE:-}" ] && [ -n "$RUN" ] && [ -n "$OUT" ]; } || fatal "/ctl/env lacks USB_VM_TREE, USB_VM_RUN or USB_VM_OUT"
 
 # shellcheck disable=SC2086 # DUMMY is a list of module parameters
 insmod /modules/dummy_hcd.ko $DUMMY || fatal "insmod dummy_hcd.ko $DUMMY failed"
@@ -62,6 +63,14 @@ mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm || fatal "mount $R/dev/shm"
 for d in /tmp /run /var/tmp; do
     mount -t tmpfs -o mode=1777 tmpfs "$R$d" || fatal "mount tmpfs on $R$d"
 done
+# The tree the run comes from, when a tmpfs above covered it (a CI clone
+# under /tmp); elsewhere the root share already shows it.
+case "$TREE/" in
+    /tmp/* | /run/* | /var/tmp/*)
+        mkdir -p "$R$TREE" || fatal "mkdir $R$TREE"
+        mount -t 9p -o "$P9,ro,cache=loose" tree "$R$TREE" || fatal "mount 9p tree on $R$TREE"
+        ;;
+esac
 mount -o bind /ctl "$R$RUN" || fatal "bind /ctl on $R$RUN"
 mount -t 9p -o "$P9,cache=none" out "$R$OUT" || fatal "mount 9p out on $R$OUT"
 

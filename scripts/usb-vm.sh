@@ -317,11 +317,15 @@ run_vm() {
     script="$(realpath "$script")"
     # The VM puts its own tmpfs (and proc, sys, dev) over these: what this
     # machine has there is not visible inside.
-    local p
+    # This tree is shared on its own (tag tree) and mounted over them, so a
+    # checkout under /tmp (a CI clone) works; other paths there do not.
+    local p tree
+    tree="$(realpath "$REPO")"
     for p in "$script" "$(pwd -P)"; do
         case "$p/" in
+            "$tree"/*) ;;
             /tmp/* | /run/* | /var/tmp/* | /dev/* | /proc/* | /sys/*)
-                die "$p is under /tmp, /run, /var/tmp, /dev, /proc or /sys, which the VM covers with its own: use a path elsewhere (e.g. under target/)" ;;
+                die "$p is under /tmp, /run, /var/tmp, /dev, /proc or /sys, which the VM covers with its own: use a path in this tree (${tree}) or elsewhere" ;;
         esac
     done
 
@@ -340,6 +344,7 @@ run_vm() {
     # Init reads env (plain NAME=value lines, no quoting) before the chroot;
     # the chrooted bash runs cmd.sh.
     cat >"${RUNDIR}/env" <<EOF
+USB_VM_TREE=${tree}
 USB_VM_RUN=${RUNDIR}
 USB_VM_OUT=${OUTDIR}
 USB_VM_KERNEL=${KDIR}
@@ -375,6 +380,7 @@ EOF
         -serial "file:${RUNDIR}/console.log" \
         -chardev "stdio,id=out,signal=off,logfile=${RUNDIR}/output.log" -serial chardev:out \
         -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+        -virtfs "local,path=${tree},mount_tag=tree,security_model=none,readonly=on,multidevs=remap" \
         -virtfs "local,path=${RUNDIR},mount_tag=ctl,security_model=none" \
         -virtfs "local,path=${OUTDIR},mount_tag=out,security_model=none" \
         </dev/null &

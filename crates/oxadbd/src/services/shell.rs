@@ -1054,10 +1054,26 @@ mod tests {
                 login_shell: shell.into(),
             };
             let (mut c, h) = start_with("shell,v2,TERM=xterm,pty:", config);
+            // Type only once the shell has printed its prompt, as a person
+            // would: a shell setting up its terminal may flush input typed
+            // before (seen under load: the commands echoed, never run).
+            let mut dec = FrameDecoder::new();
+            let mut prompt = Vec::new();
+            while prompt.is_empty() {
+                let n = tokio::time::timeout(T, c.read_buf(dec.buffer_mut()))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert!(n > 0, "{shell}: EOF before a prompt");
+                while let Some(f) = dec.next_frame().unwrap() {
+                    assert_eq!(f.id, FrameId::Stdout, "{shell}: {f:?} before a prompt");
+                    prompt.extend_from_slice(&f.payload);
+                }
+            }
             c.write_all(&frame(FrameId::Stdin, b"echo hi-$((6*7)) $0\nexit 3\n"))
                 .await
                 .unwrap();
-            let out = collect_v2(&mut c).await;
+            let out = collect_v2_from(&mut c, dec).await;
             let s = String::from_utf8_lossy(&out.stdout);
             // $0 is "-NAME": run as a login shell.
             let name = Path::new(shell).file_name().unwrap().to_str().unwrap();

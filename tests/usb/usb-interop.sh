@@ -138,8 +138,8 @@ wait_oxadb_device() {
     return 1
 }
 
-# unplug_mid_push NAME CLIENT...: unbinds the UDC one second into a push of
-# /tmp/big; the client must fail within 20 s and leave nothing behind; after
+# unplug_mid_push NAME CLIENT...: unbinds the UDC as soon as a push of
+# /tmp/big has started writing on the device; the client must fail within 20 s and leave nothing behind; after
 # rebinding, the daemon (same pid) serves a new session.
 unplug_mid_push() {
     local name="$1" dest="/tmp/device/unplug-${1}"
@@ -148,7 +148,14 @@ unplug_mid_push() {
     mkdir -p "$dest"
     timeout "$LIMIT" "$@" push /tmp/big "$dest/big" >"$DIR/${name}-unplug.txt" 2>&1 &
     local pid=$! start=$SECONDS i
-    sleep 1
+    # Unplug as soon as the daemon has started writing (its temporary file
+    # appears): a fixed delay let a fast run finish first (super speed, 1.4 s).
+    for ((i = 0; i < 200; i++)); do
+        local temps=("$dest"/.oxadb-push.*)
+        [ -e "${temps[0]}" ] && break
+        sleep 0.05
+    done
+    [ -e "${temps[0]}" ] || fail "${name}: the push never started a temporary file in ${dest}"
     "$GADGET_SH" unbind >/dev/null
     for ((i = 0; i < 200; i++)); do
         kill -0 "$pid" 2>/dev/null || break

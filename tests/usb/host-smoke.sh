@@ -20,6 +20,8 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=tests/usb/lib.sh
+. "${REPO}/tests/usb/lib.sh"
 GADGET_SH="${REPO}/scripts/usb-gadget.sh"
 BRIDGE="${REPO}/tests/usb/ffs_bridge.py"
 OXADB="${REPO}/target/release/oxadb"
@@ -86,20 +88,10 @@ wait_listed() {
 }
 
 run_speed() {
-    local speed="$1" params dir ok=1
-    case "$speed" in
-        full) params="is_high_speed=0 is_super_speed=0" ;;
-        high) params="is_high_speed=1 is_super_speed=0" ;;
-        super) params="is_high_speed=1 is_super_speed=1" ;;
-        *) die "unknown speed '$speed' (full, high or super)" ;;
-    esac
+    local speed="$1" dir ok=1
     dir="${OUT}/${speed}"
     mkdir -p "$dir"
-    echo
-    echo "=== ${speed} speed: dummy_hcd ${params}"
-    { rmmod dummy_hcd 2>/dev/null || [ ! -d /sys/module/dummy_hcd ]; } || { echo "cannot unload dummy_hcd"; return 1; }
-    # shellcheck disable=SC2086 # a list of module parameters
-    modprobe dummy_hcd $params || { echo "modprobe dummy_hcd $params failed"; return 1; }
+    load_dummy_hcd "$speed" || return 1
 
     "$OXADBD" --listen "127.0.0.1:${PORT}" --product-model "USB rig" >"$dir/oxadbd.log" 2>&1 &
     DAEMON_PID=$!
@@ -208,22 +200,4 @@ run_speed() {
     [ "$ok" = 1 ]
 }
 
-speeds=("$@")
-[ "${#speeds[@]}" -gt 0 ] || speeds=(full high super)
-failed=()
-for speed in "${speeds[@]}"; do
-    if run_speed "$speed"; then
-        echo "PASS: ${speed} speed"
-    else
-        echo "FAIL: ${speed} speed"
-        failed+=("$speed")
-        cleanup_speed
-    fi
-done
-echo
-if [ "${#failed[@]}" -eq 0 ]; then
-    echo "PASS (${speeds[*]})"
-else
-    echo "FAIL (${failed[*]} of ${speeds[*]})"
-    exit 1
-fi
+run_speeds "full high super" "$@"

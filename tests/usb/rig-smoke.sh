@@ -20,6 +20,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=tests/usb/lib.sh
+. "${REPO}/tests/usb/lib.sh"
 GADGET_SH="${REPO}/scripts/usb-gadget.sh"
 STUB="${REPO}/tests/usb/ffs_stub.py"
 FFS_DIR=/dev/usb-ffs/adb
@@ -55,12 +57,6 @@ cleanup_speed() {
 }
 trap cleanup_speed EXIT
 
-# rd FILE: the file's first line in $REPLY, without a fork (each process
-# costs a tenth of a second under TCG).
-rd() {
-    REPLY=""
-    read -r REPLY 2>/dev/null <"$1" || true
-}
 
 # Prints "key=value" facts about the enumerated device; fails if there is none.
 device_facts() {
@@ -98,22 +94,10 @@ device_facts() {
 }
 
 run_speed() {
-    local speed="$1" params dir
-    case "$speed" in
-        full) params="is_high_speed=0 is_super_speed=0" ;;
-        high) params="is_high_speed=1 is_super_speed=0" ;;
-        super) params="is_high_speed=1 is_super_speed=1" ;;
-        *) die "unknown speed '$speed' (full, high or super)" ;;
-    esac
+    local speed="$1" dir
     dir="${OUT}/${speed}"
     mkdir -p "$dir"
-    echo
-    echo "=== ${speed} speed: dummy_hcd ${params}"
-
-    # shellcheck disable=SC2086 # params is a list of module parameters
-    { rmmod dummy_hcd 2>/dev/null || [ ! -d /sys/module/dummy_hcd ]; } || { echo "cannot unload dummy_hcd"; return 1; }
-    # shellcheck disable=SC2086
-    modprobe dummy_hcd $params || { echo "modprobe dummy_hcd $params failed"; return 1; }
+    load_dummy_hcd "$speed" || return 1
 
     "$GADGET_SH" setup --serial "$SERIAL" --ffs-dir "$FFS_DIR" || return 1
     python3 "$STUB" "$FFS_DIR" >"$dir/stub.log" 2>&1 &
@@ -182,22 +166,4 @@ run_speed() {
     [ "$ok" = 1 ]
 }
 
-speeds=("$@")
-[ "${#speeds[@]}" -gt 0 ] || speeds=(full high super)
-failed=()
-for speed in "${speeds[@]}"; do
-    if run_speed "$speed"; then
-        echo "PASS: ${speed} speed"
-    else
-        echo "FAIL: ${speed} speed"
-        failed+=("$speed")
-        cleanup_speed
-    fi
-done
-echo
-if [ "${#failed[@]}" -eq 0 ]; then
-    echo "PASS (${speeds[*]})"
-else
-    echo "FAIL (${failed[*]} of ${speeds[*]})"
-    exit 1
-fi
+run_speeds "full high super" "$@"

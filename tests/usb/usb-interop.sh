@@ -22,6 +22,8 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=tests/usb/lib.sh
+. "${REPO}/tests/usb/lib.sh"
 GADGET_SH="${REPO}/scripts/usb-gadget.sh"
 OXADB="${REPO}/target/release/oxadb"
 OXADBD="${REPO}/target/release/oxadbd"
@@ -179,21 +181,11 @@ unplug_mid_push() {
 }
 
 run_speed() {
-    local speed="$1" params
-    case "$speed" in
-        full) params="is_high_speed=0 is_super_speed=0" ;;
-        high) params="is_high_speed=1 is_super_speed=0" ;;
-        super) params="is_high_speed=1 is_super_speed=1" ;;
-        *) die "unknown speed '$speed' (full, high or super)" ;;
-    esac
+    local speed="$1"
     DIR="${OUT}/${speed}"
     OK=1
     mkdir -p "$DIR"
-    echo
-    echo "=== ${speed} speed: dummy_hcd ${params}"
-    { rmmod dummy_hcd 2>/dev/null || [ ! -d /sys/module/dummy_hcd ]; } || { echo "cannot unload dummy_hcd"; return 1; }
-    # shellcheck disable=SC2086 # a list of module parameters
-    modprobe dummy_hcd $params || { echo "modprobe dummy_hcd $params failed"; return 1; }
+    load_dummy_hcd "$speed" || return 1
 
     # adb makes its key on first start; the daemon trusts it (auth is on by
     # default over USB), and oxadb uses the same ~/.android/adbkey.
@@ -272,22 +264,4 @@ rmdir /tmp/tree/empty-dir-sibling
 remove_test_data() { rm -rf /tmp/random32 /tmp/big /tmp/tree /tmp/device /tmp/host; }
 trap 'cleanup_speed; remove_test_data' EXIT
 
-speeds=("$@")
-[ "${#speeds[@]}" -gt 0 ] || speeds=(high super)
-failed=()
-for speed in "${speeds[@]}"; do
-    if run_speed "$speed"; then
-        echo "PASS: ${speed} speed"
-    else
-        echo "FAIL: ${speed} speed"
-        failed+=("$speed")
-        cleanup_speed
-    fi
-done
-echo
-if [ "${#failed[@]}" -eq 0 ]; then
-    echo "PASS (${speeds[*]})"
-else
-    echo "FAIL (${failed[*]} of ${speeds[*]})"
-    exit 1
-fi
+run_speeds "high super" "$@"

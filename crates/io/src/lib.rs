@@ -377,7 +377,14 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        Connection::start_inner(reader, writer, config, label.into(), None, authenticator)
+        Connection::start_packets(
+            reader,
+            StreamSink(writer),
+            config,
+            label,
+            None,
+            authenticator,
+        )
     }
 
     /// Like [`Connection::start`], answering AUTH challenges with `auth` (host role).
@@ -395,32 +402,7 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        Connection::start_inner(reader, writer, config, label.into(), auth, None)
-    }
-
-    fn start_inner<R, W>(
-        reader: R,
-        writer: W,
-        config: Config,
-        label: String,
-        auth: Option<AuthResponder>,
-        authenticator: Option<Arc<dyn Authenticator>>,
-    ) -> (
-        Connection,
-        impl std::future::Future<Output = ConnectionError>,
-    )
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
-        Connection::start_packets(
-            reader,
-            StreamSink(writer),
-            config,
-            label,
-            auth,
-            authenticator,
-        )
+        Connection::start_packets(reader, StreamSink(writer), config, label, auth, None)
     }
 
     /// The general form: bytes come in through `reader` (a byte stream, even

@@ -49,10 +49,6 @@ impl BulkEndpoint for LinkIn {
         self.pending.len()
     }
 
-    fn allocate(&self, len: usize) -> Buffer {
-        Buffer::new(len)
-    }
-
     fn submit(&mut self, buffer: Buffer) {
         assert!(buffer.requested_len().is_multiple_of(self.max_packet));
         self.pending.push_back(buffer);
@@ -112,10 +108,6 @@ impl BulkEndpoint for LinkOut {
 
     fn pending(&self) -> usize {
         self.pending.len()
-    }
-
-    fn allocate(&self, len: usize) -> Buffer {
-        Buffer::new(len)
     }
 
     fn submit(&mut self, buffer: Buffer) {

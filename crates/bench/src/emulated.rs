@@ -2,12 +2,15 @@
 //! pushing and pulling over an emulated link (rate, round trip, tail-drop
 //! queue) on real kernel TCP between two network namespaces
 //! (`emulator.rs`), interleaved, with the kernel's TCP buffers sized for the
-//! bandwidth-delay product and, in extra rows, small.
+//! bandwidth-delay product and, in extra rows, with the kernel's defaults.
 //!
-//! Side a (198.18.0.1) runs every client; side b (198.18.0.2) runs oxadbd on
-//! 127.0.0.1:5555, reached through a relay thread listening on
-//! 198.18.0.2:5555 (oxadbd refuses non-loopback addresses: it has no
-//! authentication yet), and the iperf3 server.
+//! Side a (198.18.0.1) runs every client; side b (198.18.0.2) runs oxadbd,
+//! listening on 198.18.0.2:5555 itself (`--insecure`: the namespace is the
+//! benchmark's own), and the iperf3 server.
+//!
+//! Every row reports CPU seconds per GiB moved on each side: the client
+//! process (and, for adb, its server), and everything in namespace b (the
+//! daemon, or iperf3's server).
 
 use std::fs::File;
 use std::os::unix::fs::FileTypeExt;
@@ -20,9 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use oxadb_io::parse_size;
 
-use crate::emulator::{
-    self, Counters, Emulator, LinkParams, Relay, Side, DEVICE_ADDR, ETHERNET_FRAMING,
-};
+use crate::emulator::{self, Counters, Emulator, LinkParams, Side, DEVICE_ADDR, ETHERNET_FRAMING};
 
 #[derive(clap::Args)]
 pub struct EmulatedArgs {
@@ -48,12 +49,14 @@ pub struct EmulatedArgs {
     /// twice the largest bandwidth-delay product: 6.25 MB at 1 Gbit/s x 50 ms).
     #[arg(long, default_value = "32M", value_parser = parse_size)]
     buffers: u64,
-    /// tcp_rmem maximum for the small-buffer rows (Linux's default is 6 MiB).
-    #[arg(long, default_value = "6M", value_parser = parse_size)]
-    small_rmem: u64,
-    /// tcp_wmem maximum for the small-buffer rows (Linux's default is 4 MiB).
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
-    small_wmem: u64,
+    /// tcp_rmem maximum for the default-buffer rows [default: what a new
+    /// namespace gets from the kernel, 32 MiB on Debian 12's 6.x kernels].
+    #[arg(long, value_parser = parse_size)]
+    small_rmem: Option<u64>,
+    /// tcp_wmem maximum for the default-buffer rows [default: what a new
+    /// namespace gets, 4 MiB].
+    #[arg(long, value_parser = parse_size)]
+    small_wmem: Option<u64>,
     /// TCP congestion control in both namespaces (e.g. cubic) [default: the
     /// one a new namespace gets, the host's].
     #[arg(long)]
@@ -66,8 +69,12 @@ pub struct EmulatedArgs {
         default_value = "iperf3,adb,oxadb-classic,oxadb-aosp,oxadb-adaptive"
     )]
     clients: Vec<String>,
-    /// Transfers repeated with the small buffers (empty: none).
-    #[arg(long, value_delimiter = ',', default_value = "iperf3,oxadb-adaptive")]
+    /// Transfers repeated with the kernel's default buffers (empty: none).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "iperf3,oxadb-aosp,oxadb-adaptive"
+    )]
     small_clients: Vec<String>,
     /// Turn off segmentation offload on the TAP devices: every 1500-byte frame
     /// then crosses the forwarder on its own (about 45 times the frames).
@@ -87,7 +94,7 @@ pub struct EmulatedArgs {
     workdir: PathBuf,
 }
 
-/// Where oxadbd listens inside namespace b, behind the relay.
+/// Where oxadbd listens inside namespace b (on DEVICE_ADDR).
 const DAEMON_PORT: u16 = 5555;
 const IPERF3_PORT: u16 = 5201;
 /// TCP payload per 1500-byte frame with timestamps, and what that frame
@@ -161,6 +168,11 @@ struct Measured {
     link: [Counters; 2],
     /// `oxadb --stats` lines.
     stats: Vec<String>,
+    /// CPU seconds of the client side: the client process and whatever else
+    /// ran in namespace a (adb's server).
+    client_cpu: f64,
+    /// CPU seconds of everything in namespace b: the daemon or iperf3's server.
+    device_cpu: f64,
 }
 
 /// One table row and its runs.
@@ -172,6 +184,9 @@ struct Row {
     walls: Vec<f64>,
     drops: Vec<u64>,
     stats: Vec<Vec<String>>,
+    /// CPU seconds per GiB moved: client side, device side.
+    client_cpu: Vec<f64>,
+    device_cpu: Vec<f64>,
 }
 
 /// What one round trip gave.
@@ -318,6 +333,17 @@ impl Bench<'_> {
         timeout: Duration,
         what: &str,
     ) -> Result<(Duration, String)> {
+        let (elapsed, text, _) = self.run_bounded_cpu(command, timeout, what)?;
+        Ok((elapsed, text))
+    }
+
+    /// `run_bounded`, also returning the command's CPU seconds.
+    fn run_bounded_cpu(
+        &self,
+        command: &mut Command,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<(Duration, String, f64)> {
         let out_path = self.dir.join("output.txt");
         let out = File::create(&out_path)?;
         command
@@ -325,7 +351,7 @@ impl Bench<'_> {
             .stdout(out.try_clone()?)
             .stderr(out);
         let start = Instant::now();
-        let mut child = emulator::spawn_registered(command)?;
+        let child = emulator::spawn_registered(command)?;
         let pid = child.id();
         let fired = Arc::new(AtomicBool::new(false));
         let (done, wait_done) = std::sync::mpsc::channel::<()>();
@@ -340,19 +366,19 @@ impl Bench<'_> {
                 }
             })
         };
-        let status = child.wait();
+        let waited = crate::wait_rusage(&child);
         let elapsed = start.elapsed();
         drop(done);
         let _ = watchdog.join();
         emulator::forget_child(pid);
-        let status = status?;
+        let (status, cpu) = waited?;
         let text = std::fs::read_to_string(&out_path).unwrap_or_default();
         ensure!(
             !fired.load(Ordering::Relaxed),
             "{what} timed out after {timeout:?}: {text}"
         );
         ensure!(status.success(), "{what} failed ({status}): {text}");
-        Ok((elapsed, text))
+        Ok((elapsed, text, cpu))
     }
 
     /// Runs one transfer command and checks its result; `push` decides the check.
@@ -361,7 +387,9 @@ impl Bench<'_> {
             let _ = std::fs::remove_file(&self.pulled);
         }
         let before = self.emu.snapshot();
-        let (wall, text) = self.run_bounded(command, self.timeout, what)?;
+        let cpu_before = self.side_cpu();
+        let (wall, text, cpu) = self.run_bounded_cpu(command, self.timeout, what)?;
+        let cpu_after = self.side_cpu();
         let after = self.emu.snapshot();
         let (rate, bytes) =
             reported_rate(&text).with_context(|| format!("{what}: no rate in {text:?}"))?;
@@ -392,16 +420,23 @@ impl Bench<'_> {
             wall,
             link: [after[0].since(&before[0]), after[1].since(&before[1])],
             stats,
+            client_cpu: cpu + cpu_after[0] - cpu_before[0],
+            device_cpu: cpu_after[1] - cpu_before[1],
         })
+    }
+
+    /// CPU seconds of the processes in namespaces a and b.
+    fn side_cpu(&self) -> [f64; 2] {
+        [self.emu.cpu_seconds(Side::A), self.emu.cpu_seconds(Side::B)]
     }
 
     fn iperf3(&self, reverse: bool) -> Result<Measured> {
         let log = File::create(self.dir.join("iperf3-server.txt"))?;
-        // -1: the server exits after one test.
+        // The server runs until stopped, so that its CPU time can be read.
         let mut server = Background::spawn_listening(
             self.emu
                 .command(Side::B, &self.args.iperf3)
-                .args(["-s", "-1", "-B", DEVICE_ADDR, "-p"])
+                .args(["-s", "-B", DEVICE_ADDR, "-p"])
                 .arg(IPERF3_PORT.to_string())
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -411,6 +446,7 @@ impl Bench<'_> {
             "the iperf3 server",
         )?;
         let before = self.emu.snapshot();
+        let cpu_before = self.side_cpu();
         let mut client = self.emu.command(Side::A, &self.args.iperf3);
         client
             .args(["-c", DEVICE_ADDR, "-J", "-p"])
@@ -420,7 +456,8 @@ impl Bench<'_> {
         if reverse {
             client.arg("-R");
         }
-        let (wall, text) = self.run_bounded(&mut client, self.timeout, "iperf3")?;
+        let (wall, text, cpu) = self.run_bounded_cpu(&mut client, self.timeout, "iperf3")?;
+        let cpu_after = self.side_cpu();
         let after = self.emu.snapshot();
         server.stop(Duration::from_secs(3));
         let json: serde_json::Value =
@@ -433,18 +470,21 @@ impl Bench<'_> {
             wall,
             link: [after[0].since(&before[0]), after[1].since(&before[1])],
             stats: Vec::new(),
+            client_cpu: cpu + cpu_after[0] - cpu_before[0],
+            device_cpu: cpu_after[1] - cpu_before[1],
         })
     }
 
-    /// oxadbd inside namespace b on 127.0.0.1:5555 with `credit`.
+    /// oxadbd inside namespace b on DEVICE_ADDR with `credit`, without
+    /// authentication: only this benchmark's namespace a can reach it.
     fn start_daemon(&self, credit: &str) -> Result<Background> {
         let log = File::create(self.dir.join(format!("oxadbd-{credit}.log")))?;
         Background::spawn_listening(
             self.emu
                 .command(Side::B, &self.oxadbd)
                 .arg("--listen")
-                .arg(format!("127.0.0.1:{DAEMON_PORT}"))
-                .args(["--credit", credit])
+                .arg(format!("{DEVICE_ADDR}:{DAEMON_PORT}"))
+                .args(["--insecure", "--no-auth", "--credit", credit])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log),
@@ -476,7 +516,7 @@ impl Bench<'_> {
         self.transfer(&mut command, push, &what)
     }
 
-    /// Checks the whole path (client, link, relay, daemon) once, and lets
+    /// Checks the whole path (client, link, daemon) once, and lets
     /// oxadb create its key in its private HOME before anything is timed.
     fn warm_up(&self) -> Result<()> {
         let _daemon = self.start_daemon("adaptive")?;
@@ -638,10 +678,15 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
         let null_node = dir.join("null");
         crate::make_null_node(&null_node)?;
         let emu = Emulator::start(params_for(rtts[0]), !args.no_offload)?;
-        let big = [4096, 131072, args.buffers];
-        let big_w = [4096, 16384, args.buffers];
-        let small = [4096, 131072, args.small_rmem];
-        let small_w = [4096, 16384, args.small_wmem];
+        let (mut small, mut small_w) = emu.tcp_buffer_values()?;
+        if let Some(max) = args.small_rmem {
+            small[2] = max;
+        }
+        if let Some(max) = args.small_wmem {
+            small_w[2] = max;
+        }
+        let big = [small[0], small[1], args.buffers];
+        let big_w = [small_w[0], small_w[1], args.buffers];
         emu.set_tcp_buffers(big, big_w)?;
         let big_text = emu.tcp_buffers()?;
         if let Some(name) = &args.congestion_control {
@@ -661,9 +706,6 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
                 })?;
         }
         let congestion = emu.sysctl("net.ipv4.tcp_congestion_control")?;
-        let listen = format!("{DEVICE_ADDR}:{DAEMON_PORT}").parse()?;
-        let target = format!("127.0.0.1:{DAEMON_PORT}").parse()?;
-        let _relay = Relay::start(emu.name(Side::B), listen, target)?;
         let mut bench = Bench {
             args: &args,
             emu,
@@ -770,6 +812,8 @@ fn run_rtt(
             walls: Vec::new(),
             drops: Vec::new(),
             stats: Vec::new(),
+            client_cpu: Vec::new(),
+            device_cpu: Vec::new(),
         });
         rows.len() - 1
     };
@@ -794,7 +838,7 @@ fn run_rtt(
                 "RTT {ms} ms run {} {:>22}{}: {:7.1} MB/s (wall {:.2} s), drops {drops}",
                 run + 1,
                 label,
-                if small { ", small buffers" } else { "" },
+                if small { ", default buffers" } else { "" },
                 m.rate,
                 m.wall.as_secs_f64()
             );
@@ -803,6 +847,9 @@ fn run_rtt(
             row.walls.push(size as f64 / m.wall.as_secs_f64() / 1e6);
             row.drops.push(drops);
             row.stats.push(m.stats);
+            let gib = size as f64 / (1u64 << 30) as f64;
+            row.client_cpu.push(m.client_cpu / gib);
+            row.device_cpu.push(m.device_cpu / gib);
             for c in &m.link {
                 totals.0 += c.frames;
                 totals.1 += c.drops;
@@ -912,7 +959,7 @@ fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts
         }
     );
     println!(
-        "Namespaces: {} (198.18.0.1/24, every client) and {} (198.18.0.2/24: oxadbd on 127.0.0.1:{DAEMON_PORT} behind a relay thread on 198.18.0.2:{DAEMON_PORT}, the iperf3 server)",
+        "Namespaces: {} (198.18.0.1/24, every client) and {} (198.18.0.2/24: oxadbd on 198.18.0.2:{DAEMON_PORT}, the iperf3 server)",
         bench.emu.name(Side::A),
         bench.emu.name(Side::B)
     );
@@ -926,7 +973,7 @@ fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts
         }
     );
     println!("TCP buffers: {big_text}");
-    println!("Small-buffer rows: {small_text}");
+    println!("Default-buffer rows (the kernel's defaults for a new namespace unless --small-rmem/--small-wmem): {small_text}");
     println!(
         "Transfer: {} MiB of random data per run, {} run(s), interleaved (order rotated per run); pushes into a private character device node (1, 3), pulls into tmpfs, every pull compared with the source byte for byte",
         args.size >> 20,
@@ -955,19 +1002,23 @@ fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts
             result.peak_backlog
         );
         println!();
-        println!("| transfer | runs (MB/s) | median MB/s | wall MB/s | vs iperf3 | stop-and-wait bound MB/s | vs bound | frames dropped |");
-        println!("|---|---|---:|---:|---:|---:|---:|---:|");
-        let iperf3 = |push: bool| {
+        println!("| transfer | runs (MB/s) | median MB/s | wall MB/s | vs iperf3 | stop-and-wait bound MB/s | vs bound | client CPU s/GiB | device CPU s/GiB | frames dropped |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        // Each row against iperf3 in the same direction with the same buffers.
+        let iperf3 = |push: bool, small: bool| {
             result
                 .rows
                 .iter()
-                .find(|r| !r.small && r.label.starts_with("iperf3") && r.push == push)
+                .find(|r| r.small == small && r.label.starts_with("iperf3") && r.push == push)
                 .map(|r| crate::median(&mut r.rates.clone()))
         };
         for row in &result.rows {
             let median = crate::median(&mut row.rates.clone());
             let wall = crate::median(&mut row.walls.clone());
-            let versus = iperf3(row.push).map_or("-".to_string(), |i| format!("{:.2}", median / i));
+            let versus = iperf3(row.push, row.small)
+                .map_or("-".to_string(), |i| format!("{:.2}", median / i));
+            let client_cpu = crate::median(&mut row.client_cpu.clone());
+            let device_cpu = crate::median(&mut row.device_cpu.clone());
             let (bound, versus_bound) = if row.label.starts_with("iperf3") {
                 ("-".to_string(), "-".to_string())
             } else {
@@ -976,9 +1027,9 @@ fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts
             };
             let drops: Vec<String> = row.drops.iter().map(|d| d.to_string()).collect();
             println!(
-                "| {}{} | {} | {median:.1} | {wall:.1} | {versus} | {bound} | {versus_bound} | {} |",
+                "| {}{} | {} | {median:.1} | {wall:.1} | {versus} | {bound} | {versus_bound} | {client_cpu:.2} | {device_cpu:.2} | {} |",
                 row.label,
-                if row.small { ", small buffers" } else { "" },
+                if row.small { ", default buffers" } else { "" },
                 row.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
                 drops.join(", ")
             );
@@ -993,7 +1044,7 @@ fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts
                 println!(
                     "{}{}, round trip {} ms, run {}:",
                     row.label,
-                    if row.small { ", small buffers" } else { "" },
+                    if row.small { ", default buffers" } else { "" },
                     result.rtt.as_secs_f64() * 1e3,
                     run + 1
                 );

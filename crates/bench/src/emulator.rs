@@ -14,8 +14,6 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -196,6 +194,30 @@ pub fn kill_processes_in(name: &str) -> usize {
         }
     }
     killed
+}
+
+/// CPU seconds (user + system) of every process now in namespace `name`.
+/// Processes that exited are not counted: reap them with `wait4` for theirs.
+pub fn cpu_seconds_in(name: &str) -> f64 {
+    let Some(inode) = namespace_inode(&netns_path(name)) else {
+        return 0.0;
+    };
+    let me = std::process::id();
+    let mut seconds = 0.0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != me && namespace_inode(&entry.path().join("ns/net")) == Some(inode) {
+            // A process may exit between the two reads: it counts as nothing.
+            seconds += crate::cpu_seconds(pid).unwrap_or(0.0);
+        }
+    }
+    seconds
 }
 
 fn netns_path(name: &str) -> PathBuf {
@@ -711,6 +733,22 @@ impl Emulator {
         Ok(if a == b { a } else { format!("a: {a}; b: {b}") })
     }
 
+    /// `tcp_rmem` and `tcp_wmem` (min default max) in namespace a: before any
+    /// `set_tcp_buffers`, what the kernel gives a new namespace.
+    pub fn tcp_buffer_values(&self) -> Result<([u64; 3], [u64; 3])> {
+        let values = |key: &str| -> Result<[u64; 3]> {
+            let text = read_sysctl_in(&self.names[0], key)?;
+            let numbers: Vec<u64> = text
+                .split_whitespace()
+                .map(|v| v.parse().with_context(|| format!("{key}: {text:?}")))
+                .collect::<Result<_>>()?;
+            numbers
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("{key}: expected three numbers, got {text:?}"))
+        };
+        Ok((values("net.ipv4.tcp_rmem")?, values("net.ipv4.tcp_wmem")?))
+    }
+
     /// `tcp_rmem` and `tcp_wmem` as the namespaces report them, for the output.
     pub fn tcp_buffers(&self) -> Result<String> {
         let mut parts = Vec::new();
@@ -727,6 +765,11 @@ impl Emulator {
     /// Kills whatever still runs in one side's namespace.
     pub fn kill_processes(&self, side: Side) -> usize {
         kill_processes_in(self.name(side))
+    }
+
+    /// CPU seconds of every process now in one side's namespace.
+    pub fn cpu_seconds(&self, side: Side) -> f64 {
+        cpu_seconds_in(self.name(side))
     }
 
     /// Both directions' counters.
@@ -746,130 +789,6 @@ impl Drop for Emulator {
             kill_processes_in(name);
             delete_namespace(name, tap);
             registry.namespaces.retain(|(n, _)| n != name);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// A TCP relay inside one namespace.
-
-/// Accepts on `listen` inside a namespace and relays each connection to
-/// `target` in the same namespace. oxadbd stays on loopback, where it needs
-/// no keys (beyond loopback it requires authentication, and Google adb 29
-/// would need its key trusted), and is reached through this: one loopback
-/// hop, which costs nothing next to a 125 MB/s link.
-pub struct Relay {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// How often the accept loop looks at the stop flag.
-const RELAY_POLL_MS: i32 = 100;
-/// Bytes per read while relaying.
-const RELAY_BUFFER: usize = 256 << 10;
-
-impl Relay {
-    pub fn start(namespace: &str, listen: SocketAddr, target: SocketAddr) -> Result<Relay> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
-        let name = namespace.to_string();
-        let stop_flag = stop.clone();
-        // This thread stays in the namespace for its whole life: the sockets it
-        // creates (the listener and each upstream connection) must be there.
-        let thread = std::thread::Builder::new()
-            .name("relay".into())
-            .spawn(move || {
-                let listener = match enter_namespace(&name)
-                    .and_then(|()| TcpListener::bind(listen).context("binding the relay"))
-                    .and_then(|l| {
-                        l.set_nonblocking(true)?;
-                        Ok(l)
-                    }) {
-                    Ok(listener) => {
-                        let _ = ready_tx.send(Ok(()));
-                        listener
-                    }
-                    Err(error) => {
-                        let _ = ready_tx.send(Err(error));
-                        return;
-                    }
-                };
-                while !stop_flag.load(Ordering::Relaxed) {
-                    let mut pollfd = libc::pollfd {
-                        fd: listener.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    if unsafe { libc::poll(&mut pollfd, 1, RELAY_POLL_MS) } <= 0 {
-                        continue;
-                    }
-                    let Ok((client, _)) = listener.accept() else {
-                        continue;
-                    };
-                    if let Err(error) = relay_connection(client, target) {
-                        eprintln!("relay: {error:#}");
-                    }
-                }
-            })?;
-        ready_rx
-            .recv()
-            .context("the relay thread ended before binding")??;
-        Ok(Relay {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Connects to `target` (from the relay's namespace) and copies both ways on
-/// two threads, each ending at end of file or error; half-closes are passed on.
-fn relay_connection(client: TcpStream, target: SocketAddr) -> Result<()> {
-    client.set_nonblocking(false)?;
-    let upstream = TcpStream::connect_timeout(&target, Duration::from_secs(5))
-        .with_context(|| format!("connecting to {target}"))?;
-    // Small packets (ADB OKAYs) must not wait for Nagle.
-    client.set_nodelay(true)?;
-    upstream.set_nodelay(true)?;
-    let pairs = [
-        (client.try_clone()?, upstream.try_clone()?),
-        (upstream, client),
-    ];
-    for (from, to) in pairs {
-        std::thread::Builder::new()
-            .name("relay-copy".into())
-            .spawn(move || copy_until_eof(from, to))?;
-    }
-    Ok(())
-}
-
-fn copy_until_eof(mut from: TcpStream, mut to: TcpStream) {
-    let mut buffer = vec![0u8; RELAY_BUFFER];
-    loop {
-        match from.read(&mut buffer) {
-            Ok(0) => {
-                let _ = to.shutdown(Shutdown::Write);
-                return;
-            }
-            Ok(n) => {
-                if to.write_all(&buffer[..n]).is_err() {
-                    let _ = from.shutdown(Shutdown::Both);
-                    return;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                let _ = to.shutdown(Shutdown::Both);
-                return;
-            }
         }
     }
 }

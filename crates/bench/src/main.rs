@@ -415,23 +415,37 @@ impl WaitRusage for Child {
             pipe.read_to_end(&mut stdout)?;
         }
         stderr.extend(err_thread.join().expect("stderr reader"));
-        let mut status = 0;
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let pid = self.id() as libc::pid_t;
-        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-        ensure!(rc == pid, "wait4: {}", std::io::Error::last_os_error());
-        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
-        use std::os::unix::process::ExitStatusExt;
+        let (status, cpu) = wait_rusage(&self)?;
         Ok((
             std::process::Output {
-                status: std::process::ExitStatus::from_raw(status),
+                status,
                 stdout,
                 stderr,
             },
             cpu,
         ))
     }
+}
+
+/// Waits for `child` with wait4: its exit status and CPU seconds (user +
+/// system, its reaped children included). `child` must not be waited again.
+fn wait_rusage(child: &Child) -> Result<(std::process::ExitStatus, f64)> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let rc = loop {
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if rc >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break rc;
+        }
+    };
+    ensure!(rc == pid, "wait4: {}", std::io::Error::last_os_error());
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok((
+        std::process::ExitStatus::from_raw(status),
+        seconds(usage.ru_utime) + seconds(usage.ru_stime),
+    ))
 }
 
 /// The adb server's pid for our private port (it does the transfer work for the adb client).

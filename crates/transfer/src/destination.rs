@@ -365,13 +365,13 @@ mod tests {
         for policy in [Policy::DAEMON, Policy::HOST] {
             let target = Destination::open(&dest, &policy).unwrap();
             assert!(target.is_atomic() && target.is_regular_file());
-            (&*target.file()).write_all(b"new").unwrap();
+            target.file().write_all(b"new").unwrap();
             assert_eq!(fs::read(&dest).unwrap(), b"old");
             drop(target);
             assert_eq!(entries(dir.path()), ["f"]);
         }
         let target = Destination::open(&dest, &Policy::DAEMON).unwrap();
-        (&*target.file()).write_all(b"new").unwrap();
+        target.file().write_all(b"new").unwrap();
         target
             .commit(Attributes {
                 mode: Some(0o640),

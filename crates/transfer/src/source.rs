@@ -151,7 +151,7 @@ impl Batches {
 /// `compression` says) on `batches`; `read` counts the file bytes read. Runs
 /// on a blocking thread; `Err(Stopped)` when the receiver went away.
 pub fn send_frames(
-    file: &mut File,
+    file: &File,
     compression: Compression,
     framing: &Framing,
     batches: mpsc::Sender<Bytes>,
@@ -172,14 +172,14 @@ pub fn send_frames(
 /// Uncompressed: each `readv` fills the payload slots of a batch's frames in
 /// place, so the data is copied once from the page cache and never again.
 fn send_plain(
-    file: &mut File,
+    mut file: &File,
     framing: &Framing,
     mut batches: Batches,
     read: &AtomicU64,
 ) -> Result<(), SendError> {
     loop {
         let mut batch = batches.pool.take(framing.frames_per_batch * FRAME_LEN);
-        let (filled, at_end) = read_into_frames(file, &mut batch).map_err(SendError::Read)?;
+        let (filled, at_end) = read_into_frames(&mut file, &mut batch).map_err(SendError::Read)?;
         read.fetch_add(filled as u64, Ordering::Relaxed);
         if !batch.is_empty() && batches.send(batch).is_err() {
             return Err(SendError::Stopped);
@@ -194,7 +194,7 @@ fn send_plain(
 /// file ends, so every frame but the file's last is full-size; writes the
 /// headers of the frames it filled and truncates `batch` after the last one.
 /// Returns the payload bytes read and whether the file ended.
-fn read_into_frames(file: &mut File, batch: &mut BytesMut) -> io::Result<(usize, bool)> {
+fn read_into_frames(file: &mut &File, batch: &mut BytesMut) -> io::Result<(usize, bool)> {
     let capacity = batch.len() / FRAME_LEN * SYNC_DATA_MAX;
     let mut filled = 0;
     let mut at_end = false;
@@ -235,7 +235,7 @@ fn read_into_frames(file: &mut File, batch: &mut BytesMut) -> io::Result<(usize,
 
 /// Compressed: the encoder's output is cut into full-size frames by [`FrameSink`].
 fn send_compressed(
-    file: &mut File,
+    mut file: &File,
     compression: Compression,
     framing: &Framing,
     batches: Batches,
@@ -402,13 +402,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, data).unwrap();
-        let mut source = Source::open(&path).unwrap();
+        let source = Source::open(&path).unwrap();
         assert_eq!(source.len(), data.len() as u64);
         let (sender, mut receiver) = mpsc::channel(framing.queue_depth);
         let len = data.len() as u64;
         let worker = std::thread::spawn(move || {
             let read = AtomicU64::new(0);
-            send_frames(&mut source.file, compression, &framing, sender, &read).unwrap();
+            send_frames(source.file(), compression, &framing, sender, &read).unwrap();
             assert_eq!(read.load(Ordering::Relaxed), len);
         });
         let mut batches = Vec::new();
@@ -443,8 +443,8 @@ mod tests {
     #[test]
     fn daemon_plain_batch_is_one_packet() {
         // 15 frames fit in one 1 MiB WRTE payload; 16 would not.
-        assert!(Framing::DAEMON.frames_per_batch * FRAME_LEN <= 1024 * 1024);
-        assert!((Framing::DAEMON.frames_per_batch + 1) * FRAME_LEN > 1024 * 1024);
+        const { assert!(Framing::DAEMON.frames_per_batch * FRAME_LEN <= 1024 * 1024) };
+        const { assert!((Framing::DAEMON.frames_per_batch + 1) * FRAME_LEN > 1024 * 1024) };
     }
 
     #[test]
@@ -501,9 +501,9 @@ mod tests {
         for compression in [Compression::None, Compression::Zstd] {
             let (sender, receiver) = mpsc::channel(1);
             drop(receiver);
-            let mut file = File::open(&path).unwrap();
+            let file = File::open(&path).unwrap();
             let result = send_frames(
-                &mut file,
+                &file,
                 compression,
                 &Framing::HOST,
                 sender,

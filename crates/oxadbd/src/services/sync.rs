@@ -35,17 +35,19 @@
 //! falls back to `mode & 0o777` and logs a warning.
 
 use std::ffi::OsStr;
-use std::fs::{self, File, FileTimes, Metadata, OpenOptions};
-use std::io::{self, BufRead, Read, Write};
+use std::fs::{self, Metadata, OpenOptions};
+use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::AtomicU64;
 
 use bytes::{Bytes, BytesMut};
 use oxadb_io::WriteChunk;
-use oxadb_wire::compression::{self, Encoder};
+use oxadb_transfer::{
+    create_beside, send_frames, set_times_at, Attributes, Chunk, ChunkReader, DestError,
+    Destination, Framing, Policy, ReceiveError, SendError, Source, Step,
+};
 use oxadb_wire::sync::{self as wire, Compression, StatV1, StatV2, SyncHeader, TransferFlags};
 use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -54,20 +56,13 @@ use tracing::{debug, warn};
 
 /// Buffer in front of the stream; holds a couple of `DATA` frames.
 const STREAM_READ_BUFFER: usize = 128 * 1024;
-/// `DATA` frames per pull buffer: 15 frames of 64 KiB + 8 fit in one 1 MiB
-/// WRTE payload (`MAX_PAYLOAD`), so a buffer is exactly one packet.
-const FRAMES_PER_BATCH: usize = 15;
-/// Pull buffers queued between the file thread and the stream (about 4 MiB).
-const PULL_QUEUE_DEPTH: usize = 4;
+/// Pull buffers queued between the file thread and the stream (about 4 MiB;
+/// `Framing::DAEMON` sizes them).
+const PULL_QUEUE_DEPTH: usize = Framing::DAEMON.queue_depth;
 /// `DATA` chunks (64 KiB each) queued between the stream and the file thread.
 const CHUNK_QUEUE_DEPTH: usize = 16;
-/// Bytes read or decoded at once on the file thread.
-const FILE_IO_BUFFER: usize = 256 * 1024;
 /// A symlink target is at most PATH_MAX (4096) bytes including the NUL the client sends.
 const SYMLINK_TARGET_MAX: usize = 4096;
-/// Mode of directories created for a push (adbd uses 0775, subject to the umask).
-const PUSHED_DIR_MODE: u32 = 0o775;
-const TEMP_PREFIX: &str = ".oxadb-push.";
 
 /// Why the sync service stopped abnormally. Failures of file operations are not
 /// errors here: they are reported to the host with `FAIL`.
@@ -349,14 +344,14 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
                         Ok(payload) => payload,
                         Err(e) => break Some(e),
                     };
-                    if chunks.send(PushInput::Data(payload)).await.is_err() {
+                    if chunks.send(Chunk::Data(payload)).await.is_err() {
                         // The file thread stopped early: it failed and says why below.
                         break None;
                     }
                 }
                 wire::ID_DONE => {
                     saw_done = true;
-                    let _ = chunks.send(PushInput::Done { mtime: header.len }).await;
+                    let _ = chunks.send(Chunk::Done { mtime: header.len }).await;
                     break None;
                 }
                 other => {
@@ -583,141 +578,6 @@ enum TransferFailure {
     HostGone,
 }
 
-/// What the async side hands the file thread during a push.
-enum PushInput {
-    Data(Bytes),
-    /// End of the data; the value is the mtime to give the file.
-    Done {
-        mtime: u32,
-    },
-}
-
-/// The pushed bytes as a blocking reader that ends at `DONE`.
-struct ChunkReader {
-    queue: mpsc::Receiver<PushInput>,
-    chunk: Bytes,
-    pos: usize,
-    done_mtime: Option<u32>,
-    host_gone: bool,
-    bytes_received: u64,
-}
-
-impl ChunkReader {
-    fn new(queue: mpsc::Receiver<PushInput>) -> Self {
-        Self {
-            queue,
-            chunk: Bytes::new(),
-            pos: 0,
-            done_mtime: None,
-            host_gone: false,
-            bytes_received: 0,
-        }
-    }
-}
-
-impl BufRead for ChunkReader {
-    fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        while self.pos == self.chunk.len() {
-            if self.done_mtime.is_some() {
-                return Ok(&[]);
-            }
-            match self.queue.blocking_recv() {
-                Some(PushInput::Data(data)) => {
-                    self.bytes_received += data.len() as u64;
-                    self.chunk = data;
-                    self.pos = 0;
-                }
-                Some(PushInput::Done { mtime }) => self.done_mtime = Some(mtime),
-                None => {
-                    self.host_gone = true;
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        "the host stopped the push before DONE",
-                    ));
-                }
-            }
-        }
-        Ok(&self.chunk[self.pos..])
-    }
-
-    fn consume(&mut self, amount: usize) {
-        self.pos = (self.pos + amount).min(self.chunk.len());
-    }
-}
-
-impl Read for ChunkReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let available = self.fill_buf()?;
-        let n = available.len().min(buf.len());
-        buf[..n].copy_from_slice(&available[..n]);
-        self.consume(n);
-        Ok(n)
-    }
-}
-
-/// Which side of a copy failed.
-enum CopyError {
-    Input(io::Error),
-    Output(io::Error),
-}
-
-fn copy_buffered(input: &mut impl BufRead, output: &mut impl Write) -> Result<(), CopyError> {
-    loop {
-        let written = {
-            let chunk = input.fill_buf().map_err(CopyError::Input)?;
-            if chunk.is_empty() {
-                return Ok(());
-            }
-            output.write_all(chunk).map_err(CopyError::Output)?;
-            chunk.len()
-        };
-        input.consume(written);
-    }
-}
-
-fn copy_unbuffered(mut input: impl Read, output: &mut impl Write) -> Result<(), CopyError> {
-    let mut buf = vec![0u8; FILE_IO_BUFFER];
-    loop {
-        let n = match input.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(CopyError::Input(e)),
-        };
-        output.write_all(&buf[..n]).map_err(CopyError::Output)?;
-    }
-}
-
-/// Decodes the pushed stream into `output`. The compressed formats are the ones adbd
-/// and the reference client use: one brotli stream, one LZ4 *frame* (LZ4F, any block
-/// mode), one zstd frame; nothing may follow the stream before `DONE`.
-fn decode_push_stream(
-    input: &mut ChunkReader,
-    compression: Compression,
-    output: &mut impl Write,
-) -> Result<(), CopyError> {
-    if compression == Compression::None {
-        copy_buffered(input, output)?;
-    } else {
-        let decoder = compression::decoder(compression, &mut *input).map_err(CopyError::Input)?;
-        copy_unbuffered(decoder, output)?;
-    }
-    if compression != Compression::None && input.bytes_received == 0 {
-        return Err(CopyError::Input(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "empty compressed stream",
-        )));
-    }
-    // Reaching DONE here proves the decoder consumed everything the host sent.
-    if !input.fill_buf().map_err(CopyError::Input)?.is_empty() {
-        return Err(CopyError::Input(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "data after the end of the compressed stream",
-        )));
-    }
-    Ok(())
-}
-
 /// A push, run on a blocking thread.
 struct PushJob {
     path: PathBuf,
@@ -741,20 +601,35 @@ impl PushJob {
         if self.mode & libc::S_IFMT == libc::S_IFLNK {
             return self.push_symlink(&mut input);
         }
-        match fs::symlink_metadata(&self.path) {
-            Ok(md) if md.is_dir() => Err(self.report("couldn't create file", is_a_directory())),
-            Ok(md) if is_special(&md) => self.push_in_place(&mut input),
-            // procfs/sysfs files can't get a sibling temp file; adbd writes them in place.
-            Ok(md) if md.is_file() && on_kernel_interface_fs(&self.path) => {
-                self.push_in_place(&mut input)
-            }
-            // Missing, a regular file, or a symlink (replaced by the file, as adbd does).
-            _ => self.push_replacing(&mut input),
-        }
+        // A directory is refused; a device, FIFO or kernel interface file is written
+        // in place; anything else (missing, a regular file, a symlink, which is
+        // replaced by the file as adbd does) through a temporary file.
+        let destination =
+            Destination::open(&self.path, &Policy::DAEMON).map_err(|e| self.dest_failure(e))?;
+        self.decode(&mut input, &mut destination.file(), "couldn't write")?;
+        let mtime = input.done_mtime().expect("a finished push saw DONE");
+        destination
+            .commit(Attributes {
+                mode: Some(self.mode),
+                mtime: Some(i64::from(mtime)),
+            })
+            .map_err(|e| self.dest_failure(e))
     }
 
     fn report(&self, what: &str, cause: impl std::fmt::Display) -> TransferFailure {
         TransferFailure::Report(format!("{what} '{}': {cause}", self.path.display()))
+    }
+
+    /// Words a destination failure as adbd's `FAIL` messages do, naming the path.
+    fn dest_failure(&self, error: DestError) -> TransferFailure {
+        let what = match error.step {
+            Step::Create | Step::CreateDir(_) => "couldn't create file",
+            Step::OpenInPlace => "couldn't open for writing",
+            Step::Write => "couldn't write",
+            Step::Attributes => "couldn't set the mode or mtime of",
+            Step::Replace => "couldn't replace",
+        };
+        self.report(what, error)
     }
 
     fn decode(
@@ -763,66 +638,13 @@ impl PushJob {
         output: &mut impl Write,
         output_context: &str,
     ) -> Result<(), TransferFailure> {
-        match decode_push_stream(input, self.compression, output) {
+        let written = AtomicU64::new(0);
+        match oxadb_transfer::receive(input, self.compression, output, &written) {
             Ok(()) => Ok(()),
-            Err(_) if input.host_gone => Err(TransferFailure::HostGone),
-            Err(CopyError::Input(e)) => Err(self.report("couldn't decompress data for", e)),
-            Err(CopyError::Output(e)) => Err(self.report(output_context, e)),
+            Err(ReceiveError::Stopped) => Err(TransferFailure::HostGone),
+            Err(ReceiveError::Decode(e)) => Err(self.report("couldn't decompress data for", e)),
+            Err(ReceiveError::Output(e)) => Err(self.report(output_context, e)),
         }
-    }
-
-    /// The usual push: temporary file beside the destination, renamed over it after DONE.
-    fn push_replacing(&self, input: &mut ChunkReader) -> Result<(), TransferFailure> {
-        let (temp, file) = create_beside(&self.path, "couldn't create file", |candidate| {
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(candidate)
-        })?;
-        self.decode(input, &mut &file, "couldn't write")?;
-        let mtime = input.done_mtime.expect("a finished push saw DONE");
-        apply_pushed_mode(&file, self.mode, &self.path);
-        let times = FileTimes::new()
-            .set_accessed(unix_time(mtime))
-            .set_modified(unix_time(mtime));
-        if let Err(e) = file.set_times(times) {
-            warn!(
-                "sync: couldn't set the mtime of '{}': {e}",
-                self.path.display()
-            );
-        }
-        drop(file);
-        match temp.rename_over(&self.path) {
-            Ok(()) => Ok(()),
-            // A mount point (say a bind-mounted /etc/hosts) can't be renamed over; adbd
-            // would write it in place, so copy the finished file into it.
-            Err((temp, e)) if e.raw_os_error() == Some(libc::EBUSY) => {
-                debug!(
-                    "sync: '{}' is busy ({e}); copying in place",
-                    self.path.display()
-                );
-                fs::copy(&temp.path, &self.path).map_err(|e| self.report("couldn't write", e))?;
-                if let Err(e) = set_mtime(&self.path, mtime, true) {
-                    warn!(
-                        "sync: couldn't set the mtime of '{}': {e}",
-                        self.path.display()
-                    );
-                }
-                Ok(())
-            }
-            Err((_, e)) => Err(self.report("couldn't replace", e)),
-        }
-    }
-
-    /// Devices, FIFOs and kernel interface files are written in place: never replaced,
-    /// chmod'ed or retimed. A FIFO blocks here until a reader opens it, as with adbd.
-    fn push_in_place(&self, input: &mut ChunkReader) -> Result<(), TransferFailure> {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&self.path)
-            .map_err(|e| self.report("couldn't open for writing", e))?;
-        self.decode(input, &mut &file, "couldn't write")
     }
 
     /// The data is the link target followed by a NUL (the client sends `readlink()` + NUL).
@@ -837,12 +659,15 @@ impl PushJob {
         if target.is_empty() {
             return Err(self.report("couldn't create symlink", "empty link target"));
         }
-        let mtime = input.done_mtime.expect("a finished push saw DONE");
+        let mtime = input.done_mtime().expect("a finished push saw DONE");
         match fs::symlink_metadata(&self.path) {
             Ok(md) if md.is_dir() => {
-                return Err(self.report("couldn't create symlink", is_a_directory()))
+                return Err(self.report(
+                    "couldn't create symlink",
+                    io::Error::from_raw_os_error(libc::EISDIR),
+                ))
             }
-            Ok(md) if is_special(&md) => {
+            Ok(md) if oxadb_transfer::is_special(&md) => {
                 return Err(self.report(
                     "couldn't create symlink",
                     "refusing to replace a device or FIFO",
@@ -850,11 +675,12 @@ impl PushJob {
             }
             _ => {}
         }
-        let (temp, ()) = create_beside(&self.path, "couldn't create symlink", |candidate| {
+        let (temp, ()) = create_beside(&self.path, &Policy::DAEMON, |candidate| {
             std::os::unix::fs::symlink(OsStr::from_bytes(target), candidate)
-        })?;
+        })
+        .map_err(|e| self.report("couldn't create symlink", e))?;
         // Set on the link itself (AT_SYMLINK_NOFOLLOW): fixed_push_symlink_timestamp.
-        if let Err(e) = set_mtime(&temp.path, mtime, false) {
+        if let Err(e) = set_times_at(temp.path(), i64::from(mtime), false) {
             warn!(
                 "sync: couldn't set the mtime of symlink '{}': {e}",
                 self.path.display()
@@ -862,96 +688,6 @@ impl PushJob {
         }
         temp.rename_over(&self.path)
             .map_err(|(_, e)| self.report("couldn't replace", e))
-    }
-}
-
-/// A file type that is neither regular, a directory nor a symlink.
-fn is_special(md: &Metadata) -> bool {
-    let kind = md.file_type();
-    kind.is_char_device() || kind.is_block_device() || kind.is_fifo() || kind.is_socket()
-}
-
-/// Whether `path` is on a kernel pseudo filesystem (magic numbers from linux/magic.h):
-/// proc, sysfs, configfs, debugfs, tracefs, cgroup, cgroup2, securityfs, selinuxfs.
-fn on_kernel_interface_fs(path: &Path) -> bool {
-    const KERNEL_FS_MAGICS: [u32; 9] = [
-        0x0000_9fa0,
-        0x6265_6572,
-        0x6265_6570,
-        0x6462_6720,
-        0x7472_6163,
-        0x0027_e0eb,
-        0x6367_7270,
-        0x7363_6673,
-        0xf97c_ff8c,
-    ];
-    match rustix::fs::statfs(path) {
-        // f_type's integer type varies by architecture; the magic is its low 32 bits.
-        Ok(fs) => KERNEL_FS_MAGICS.contains(&(fs.f_type as u64 as u32)),
-        Err(_) => false,
-    }
-}
-
-fn is_a_directory() -> io::Error {
-    io::Error::from_raw_os_error(libc::EISDIR)
-}
-
-fn unix_time(seconds: u32) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(seconds))
-}
-
-/// Sets atime and mtime (adbd sets both to the `DONE` timestamp); `follow: false`
-/// retimes a symlink itself.
-fn set_mtime(path: &Path, mtime: u32, follow: bool) -> io::Result<()> {
-    let when = rustix::fs::Timespec {
-        tv_sec: i64::from(mtime),
-        tv_nsec: 0,
-    };
-    let times = rustix::fs::Timestamps {
-        last_access: when,
-        last_modification: when,
-    };
-    let flags = if follow {
-        rustix::fs::AtFlags::empty()
-    } else {
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW
-    };
-    rustix::fs::utimensat(rustix::fs::CWD, path, &times, flags)?;
-    Ok(())
-}
-
-/// Applies the module's permission rule: exactly `mode & 0o7777`, or `mode & 0o777`
-/// when the special bits are not ours to set. Other failures are only logged, as adbd
-/// ignores fchmod errors (not every filesystem supports it).
-fn apply_pushed_mode(file: &File, mode: u32, path: &Path) {
-    let wanted = mode & 0o7777;
-    match file.set_permissions(fs::Permissions::from_mode(wanted)) {
-        Ok(()) => {
-            // Linux may silently drop setgid instead of failing; say so.
-            if let Ok(md) = file.metadata() {
-                if md.mode() & 0o7777 != wanted {
-                    warn!(
-                        "sync: '{}' got mode {:o} instead of {wanted:o}",
-                        path.display(),
-                        md.mode() & 0o7777
-                    );
-                }
-            }
-        }
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) && wanted & 0o7000 != 0 => {
-            let fallback = wanted & 0o777;
-            warn!(
-                "sync: may not set mode {wanted:o} on '{}' ({e}); using {fallback:o}",
-                path.display()
-            );
-            if let Err(e) = file.set_permissions(fs::Permissions::from_mode(fallback)) {
-                warn!("sync: couldn't chmod '{}': {e}", path.display());
-            }
-        }
-        Err(e) => warn!(
-            "sync: couldn't chmod '{}' to {wanted:o}: {e}",
-            path.display()
-        ),
     }
 }
 
@@ -983,137 +719,10 @@ impl Write for LimitedBuffer<'_> {
     }
 }
 
-/// A temporary directory entry that is removed unless renamed into place.
-struct TempEntry {
-    path: PathBuf,
-    armed: bool,
-}
-
-/// Temporary entries of pushes in progress, so a daemon told to stop can
-/// remove them (file threads may still hold theirs).
-static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    UNFINISHED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Removes the temporary files of every push still in progress; for a daemon
 /// that is shutting down. Returns how many were removed.
 pub fn remove_unfinished_pushes() -> usize {
-    let mut entries = unfinished();
-    let count = entries
-        .iter()
-        .filter(|p| fs::remove_file(p).is_ok())
-        .count();
-    entries.clear();
-    count
-}
-
-impl TempEntry {
-    fn new(path: PathBuf) -> TempEntry {
-        unfinished().push(path.clone());
-        TempEntry { path, armed: true }
-    }
-
-    /// On failure the entry comes back (still armed) with the error.
-    fn rename_over(mut self, destination: &Path) -> Result<(), (TempEntry, io::Error)> {
-        match fs::rename(&self.path, destination) {
-            Ok(()) => {
-                self.armed = false;
-                Ok(())
-            }
-            Err(e) => Err((self, e)),
-        }
-    }
-}
-
-impl Drop for TempEntry {
-    fn drop(&mut self) {
-        unfinished().retain(|p| p != &self.path);
-        if self.armed {
-            if let Err(e) = fs::remove_file(&self.path) {
-                warn!("sync: couldn't remove '{}': {e}", self.path.display());
-            }
-        }
-    }
-}
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Creates a fresh temporary entry in `destination`'s directory (so the final rename is
-/// atomic), creating missing parent directories on ENOENT (`fixed_push_mkdir`).
-fn create_beside<T>(
-    destination: &Path,
-    what: &str,
-    mut create: impl FnMut(&Path) -> io::Result<T>,
-) -> Result<(TempEntry, T), TransferFailure> {
-    let dir = match destination.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let report =
-        |e: io::Error| TransferFailure::Report(format!("{what} '{}': {e}", destination.display()));
-    let mut made_parents = false;
-    // Names are unique per process; a clash means a leftover from a dead daemon.
-    for _ in 0..64 {
-        let name = format!(
-            "{TEMP_PREFIX}{}.{}",
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let candidate = dir.join(name);
-        match create(&candidate) {
-            Ok(made) => return Ok((TempEntry::new(candidate), made)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !made_parents => {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(PUSHED_DIR_MODE)
-                    .create(&dir)
-                    .map_err(|e| {
-                        TransferFailure::Report(format!(
-                            "{what} '{}': couldn't create directory '{}': {e}",
-                            destination.display(),
-                            dir.display()
-                        ))
-                    })?;
-                made_parents = true;
-            }
-            Err(e) => return Err(report(e)),
-        }
-    }
-    Err(report(io::Error::from(io::ErrorKind::AlreadyExists)))
-}
-
-/// Pull buffers reused once the driver has sent them (the clone kept here is
-/// then the only reference): the file is read into memory that is neither
-/// freshly mapped nor zeroed again, one pass over memory less per pulled byte.
-#[derive(Default)]
-struct BufferPool {
-    sent: Vec<Bytes>,
-}
-
-impl BufferPool {
-    /// Buffers kept: the pull queue, the stream's send buffer and a few in flight.
-    const KEEP: usize = PULL_QUEUE_DEPTH + 4;
-
-    fn take(&mut self, len: usize) -> BytesMut {
-        while let Some(i) = self.sent.iter().position(Bytes::is_unique) {
-            if let Ok(mut buffer) = self.sent.swap_remove(i).try_into_mut() {
-                buffer.resize(len, 0);
-                return buffer;
-            }
-        }
-        BytesMut::zeroed(len)
-    }
-
-    fn keep(&mut self, sent: &Bytes) {
-        if self.sent.len() < Self::KEEP {
-            self.sent.push(sent.clone());
-        }
-    }
+    Policy::DAEMON.remove_unfinished()
 }
 
 /// Reads the file (on a blocking thread) and queues ready-made `DATA` frames.
@@ -1125,142 +734,22 @@ fn send_file(
     let report = |what: &str, e: io::Error| {
         TransferFailure::Report(format!("{what} '{}': {e}", path.display()))
     };
-    let mut file = File::open(path).map_err(|e| report("couldn't open", e))?;
-    if compression == Compression::None {
-        // Whole DATA frames, several to a buffer, so each buffer is one WRTE
-        // payload that the driver sends as it is (no copy, no small packets).
-        const FRAME: usize = HEADER_LEN + SYNC_DATA_MAX;
-        let mut pool = BufferPool::default();
-        loop {
-            let mut batch = pool.take(FRAMES_PER_BATCH * FRAME);
-            let mut filled = 0;
-            let mut at_end = false;
-            while filled + FRAME <= batch.len() {
-                let n = read_up_to(&mut file, &mut batch[filled + HEADER_LEN..filled + FRAME])
-                    .map_err(|e| report("couldn't read", e))?;
-                if n == 0 {
-                    at_end = true;
-                    break;
-                }
-                batch[filled..filled + HEADER_LEN].copy_from_slice(&wire::encode_data_header(n));
-                filled += HEADER_LEN + n;
-                if n < SYNC_DATA_MAX {
-                    at_end = true;
-                    break;
-                }
-            }
-            batch.truncate(filled);
-            if !batch.is_empty() {
-                let batch = batch.freeze();
-                pool.keep(&batch);
-                frames
-                    .blocking_send(batch)
-                    .map_err(|_| TransferFailure::HostGone)?;
-            }
-            if at_end {
-                return Ok(());
-            }
-        }
-    }
-
-    let framer = DataFramer::new(frames);
-    let classify = |e: CopyError, framer: &DataFramer| match e {
-        _ if framer.host_gone => TransferFailure::HostGone,
-        CopyError::Input(e) => report("couldn't read", e),
-        CopyError::Output(e) => report("couldn't compress", e),
-    };
-    // The encoders are adbd's (see `oxadb_wire::compression`).
-    let mut encoder =
-        Encoder::new(compression, framer).map_err(|e| report("couldn't compress", e))?;
-    copy_unbuffered(&mut file, &mut encoder).map_err(|e| classify(e, encoder.get_ref()))?;
-    let framer = encoder
-        .finish()
-        .map_err(|e| report("couldn't compress", e))?;
-    framer.finish()
-}
-
-/// Fills `buf` as far as the file allows, so frames are full-size.
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
-/// Cuts an encoder's output into `DATA` frames of at most `SYNC_DATA_MAX` bytes.
-struct DataFramer {
-    frames: mpsc::Sender<Bytes>,
-    frame: Vec<u8>,
-    host_gone: bool,
-}
-
-impl DataFramer {
-    fn new(frames: mpsc::Sender<Bytes>) -> Self {
-        Self {
-            frames,
-            frame: Self::empty_frame(),
-            host_gone: false,
-        }
-    }
-
-    fn empty_frame() -> Vec<u8> {
-        let mut frame = Vec::with_capacity(HEADER_LEN + SYNC_DATA_MAX);
-        frame.resize(HEADER_LEN, 0);
-        frame
-    }
-
-    fn emit(&mut self) -> io::Result<()> {
-        let payload = self.frame.len() - HEADER_LEN;
-        if payload == 0 {
-            return Ok(());
-        }
-        self.frame[..HEADER_LEN].copy_from_slice(&wire::encode_data_header(payload));
-        let frame = std::mem::replace(&mut self.frame, Self::empty_frame());
-        self.frames.blocking_send(Bytes::from(frame)).map_err(|_| {
-            self.host_gone = true;
-            io::Error::from(io::ErrorKind::BrokenPipe)
-        })
-    }
-
-    fn finish(mut self) -> Result<(), TransferFailure> {
-        if self.host_gone {
-            return Err(TransferFailure::HostGone);
-        }
-        self.emit().map_err(|_| TransferFailure::HostGone)
-    }
-}
-
-impl Write for DataFramer {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if self.host_gone {
-            return Err(io::Error::from(io::ErrorKind::BrokenPipe));
-        }
-        let room = HEADER_LEN + SYNC_DATA_MAX - self.frame.len();
-        let n = room.min(data.len());
-        self.frame.extend_from_slice(&data[..n]);
-        if self.frame.len() == HEADER_LEN + SYNC_DATA_MAX {
-            self.emit()?;
-        }
-        Ok(n)
-    }
-
-    /// Frames go out when full or at the end; an encoder's flush need not cut one short.
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
+    let source = Source::open(path).map_err(|e| report("couldn't open", e))?;
+    let read = AtomicU64::new(0);
+    send_frames(source.file(), compression, &Framing::DAEMON, frames, &read).map_err(|e| match e {
+        SendError::Read(e) => report("couldn't read", e),
+        SendError::Compress(e) => report("couldn't compress", e),
+        SendError::Stopped => TransferFailure::HostGone,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::CString;
+    use std::io::Read;
     use std::os::unix::fs::symlink;
+    use std::os::unix::fs::FileTypeExt;
     use tokio::io::DuplexStream;
     use tokio::task::JoinHandle;
 
@@ -1548,7 +1037,7 @@ mod tests {
         fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with(TEMP_PREFIX))
+            .filter(|name| Policy::DAEMON.is_temp_name(name))
             .collect()
     }
 
@@ -1648,35 +1137,6 @@ mod tests {
             assert_eq!(fs::read(&dest).unwrap(), b"", "{compression:?}");
         }
         client.quit().await.unwrap();
-    }
-
-    #[test]
-    fn lz4_independent_blocks_and_checksums_decode_too() {
-        // LZ4F producers may pick other frame options; the decoder must take them all.
-        let data = sample_data(150_000);
-        let info = lz4_flex::frame::FrameInfo::new()
-            .block_size(lz4_flex::frame::BlockSize::Max256KB)
-            .block_checksums(true)
-            .content_checksum(true)
-            .content_size(Some(data.len() as u64));
-        let mut encoder = lz4_flex::frame::FrameEncoder::with_frame_info(info, Vec::new());
-        encoder.write_all(&data).unwrap();
-        let frame = encoder.finish().unwrap();
-
-        let (chunks, queue) = mpsc::channel(4);
-        let feeder = std::thread::spawn(move || {
-            for piece in frame.chunks(999) {
-                chunks
-                    .blocking_send(PushInput::Data(Bytes::copy_from_slice(piece)))
-                    .unwrap();
-            }
-            chunks.blocking_send(PushInput::Done { mtime: 0 }).unwrap();
-        });
-        let mut reader = ChunkReader::new(queue);
-        let mut out = Vec::new();
-        assert!(decode_push_stream(&mut reader, Compression::Lz4, &mut out).is_ok());
-        feeder.join().unwrap();
-        assert_eq!(out, data);
     }
 
     #[tokio::test]

@@ -14,14 +14,15 @@ use oxadb_wire::sync::{self as wire, SyncHeader, SyncRequest, TransferFlags, HEA
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use super::codec::{self, FrameReader, PullInput, ReadFailure, WriteFailure};
-use super::local::{PullTarget, PulledAttributes};
+use super::codec::FrameReader;
+use super::local::{commit_attributes, PulledAttributes};
 use super::{
     describe_io, show, strerror, transfer_error, Progress, PullOptions, PushOptions, RemoteEntry,
     RemoteStat, SyncFeatures, TransferSummary, SYNC_DATA_MAX,
 };
 use crate::device::Device;
 use crate::error::{Error, Result};
+use oxadb_transfer::{Chunk, ChunkReader, Destination, Policy, ReceiveError, SendError};
 
 /// Largest chunk taken from the stream at once.
 const READ_MAX: usize = 1024 * 1024;
@@ -607,7 +608,8 @@ impl SyncSession {
                 let mut sent = 0;
                 while let Some(batch) = reader.next().await {
                     self.write_push(&batch).await?;
-                    reader.recycle(batch);
+                    // Dropped, the batch's buffer goes back to the reading thread's pool.
+                    drop(batch);
                     let read = reader.newly_read();
                     sent += read;
                     progress.advance(read);
@@ -624,17 +626,17 @@ impl SyncSession {
                         // stream can't continue, so end it.
                         self.end("a push was abandoned halfway");
                         let message = match failure {
-                            ReadFailure::Read(e) => format!(
+                            SendError::Read(e) => format!(
                                 "reading '{}' locally failed: {}",
                                 local.display(),
                                 describe_io(&e)
                             ),
-                            ReadFailure::Compress(e) => format!(
+                            SendError::Compress(e) => format!(
                                 "compressing '{}' locally failed: {}",
                                 local.display(),
                                 describe_io(&e)
                             ),
-                            ReadFailure::Stopped => {
+                            SendError::Stopped => {
                                 format!("reading '{}' locally stopped", local.display())
                             }
                         };
@@ -843,18 +845,20 @@ impl SyncSession {
         };
 
         let target_path = local.to_path_buf();
-        let target = tokio::task::spawn_blocking(move || PullTarget::open(&target_path))
-            .await
-            .map_err(|e| Error::io("pull", std::io::Error::other(e)))?
-            .map_err(|e| {
-                transfer_error(format!(
-                    "cannot create '{}': {}",
-                    local.display(),
-                    describe_io(&e)
-                ))
-            })?;
+        let target =
+            tokio::task::spawn_blocking(move || Destination::open(&target_path, &Policy::HOST))
+                .await
+                .map_err(|e| Error::io("pull", std::io::Error::other(e)))?
+                .map_err(|e| {
+                    transfer_error(format!(
+                        "cannot create '{}': {}",
+                        local.display(),
+                        describe_io(&e.error)
+                    ))
+                })?;
         if let Err(error) = self.stream.write_all(&request).await {
-            target.abort();
+            // Dropping the destination discards its temporary file.
+            drop(target);
             return Err(self.stream_error(&error));
         }
 
@@ -1157,11 +1161,11 @@ fn remote_error(path: &[u8], failure: StatFailure) -> Error {
 /// 0.74 -> 0.58 s/GiB and 1565 -> 1715 MB/s, medians of 5, docs/benchmarks.md).
 enum PullSink {
     Thread {
-        pieces: Option<mpsc::Sender<PullInput>>,
+        pieces: Option<mpsc::Sender<Chunk>>,
         worker: tokio::task::JoinHandle<std::result::Result<(), Option<String>>>,
     },
     Inline {
-        target: Option<PullTarget>,
+        target: Option<Destination>,
         attributes: Option<PulledAttributes>,
         failure: Option<std::io::Error>,
         /// `DONE` arrived: the file is complete.
@@ -1172,7 +1176,7 @@ enum PullSink {
 
 impl PullSink {
     fn new(
-        target: PullTarget,
+        target: Destination,
         compression: wire::Compression,
         attributes: Option<PulledAttributes>,
         local: &Path,
@@ -1216,7 +1220,7 @@ impl PullSink {
         match self {
             PullSink::Thread { pieces, .. } => {
                 if let Some(sender) = pieces {
-                    if sender.send(PullInput::Data(piece)).await.is_err() {
+                    if sender.send(Chunk::Data(piece)).await.is_err() {
                         // The writer failed and will say why.
                         *pieces = None;
                     }
@@ -1247,7 +1251,7 @@ impl PullSink {
         match self {
             PullSink::Thread { pieces, .. } => {
                 if let Some(sender) = pieces.take() {
-                    let _ = sender.send(PullInput::Done).await;
+                    let _ = sender.send(Chunk::Done { mtime: 0 }).await;
                 }
             }
             PullSink::Inline { complete, .. } => *complete = true,
@@ -1272,23 +1276,24 @@ impl PullSink {
                 ..
             } => {
                 let target = target.expect("target kept until finish");
+                // Dropping the destination discards its temporary file.
                 if !complete && failure.is_none() {
-                    target.abort();
+                    drop(target);
                     return Err(None);
                 }
                 if let Some(error) = failure {
-                    target.abort();
+                    drop(target);
                     return Err(Some(format!(
                         "cannot write '{}': {}",
                         local.display(),
                         describe_io(&error)
                     )));
                 }
-                target.commit(attributes).map_err(|e| {
+                target.commit(commit_attributes(attributes)).map_err(|e| {
                     Some(format!(
                         "cannot create '{}': {}",
                         local.display(),
-                        describe_io(&e)
+                        describe_io(&e.error)
                     ))
                 })
             }
@@ -1299,35 +1304,37 @@ impl PullSink {
 /// The pull's blocking half: writes the data, then commits or discards the
 /// target. `Err(None)` means the async side stopped it and reports why.
 fn write_target(
-    target: PullTarget,
-    queue: mpsc::Receiver<PullInput>,
+    target: Destination,
+    queue: mpsc::Receiver<Chunk>,
     compression: wire::Compression,
     attributes: Option<PulledAttributes>,
     written: &AtomicU64,
     local: &Path,
     remote: &str,
 ) -> std::result::Result<(), Option<String>> {
-    match codec::write_pulled(queue, compression, target.file(), written) {
-        Ok(()) => target.commit(attributes).map_err(|e| {
+    let mut input = ChunkReader::new(queue);
+    match oxadb_transfer::receive(&mut input, compression, &mut target.file(), written) {
+        Ok(()) => target.commit(commit_attributes(attributes)).map_err(|e| {
             Some(format!(
                 "cannot create '{}': {}",
                 local.display(),
-                describe_io(&e)
+                describe_io(&e.error)
             ))
         }),
         Err(failure) => {
-            target.abort();
+            // Dropping the destination discards its temporary file.
+            drop(target);
             Err(match failure {
-                WriteFailure::Output(e) => Some(format!(
+                ReceiveError::Output(e) => Some(format!(
                     "cannot write '{}': {}",
                     local.display(),
                     describe_io(&e)
                 )),
-                WriteFailure::Decode(e) => Some(format!(
+                ReceiveError::Decode(e) => Some(format!(
                     "failed to copy '{remote}' to '{}': decompression failed: {e}",
                     local.display()
                 )),
-                WriteFailure::Aborted => None,
+                ReceiveError::Stopped => None,
             })
         }
     }

@@ -24,6 +24,8 @@ mod destination;
 mod sink;
 mod source;
 mod temp;
+#[cfg(test)]
+mod testdata;
 
 pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};

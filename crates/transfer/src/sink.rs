@@ -268,23 +268,7 @@ fn write_decoded(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample_data(len: usize) -> Vec<u8> {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut out = Vec::with_capacity(len);
-        while out.len() < len {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            if state & 1 == 0 {
-                out.extend_from_slice(b"the quick brown fox jumps over the lazy dog ");
-            } else {
-                out.extend_from_slice(&state.to_le_bytes());
-            }
-        }
-        out.truncate(len);
-        out
-    }
+    use crate::testdata::sample;
 
     /// Feeds `stream` in `piece`-sized chunks, then `DONE` unless `done` is false.
     fn feed(stream: Vec<u8>, piece: usize, done: bool) -> ChunkReader {
@@ -305,7 +289,7 @@ mod tests {
     #[test]
     fn lz4_independent_blocks_and_checksums_decode_too() {
         // LZ4F producers may pick other frame options; the decoder must take them all.
-        let data = sample_data(150_000);
+        let data = sample(150_000);
         let info = lz4_flex::frame::FrameInfo::new()
             .block_size(lz4_flex::frame::BlockSize::Max256KB)
             .block_checksums(true)
@@ -326,7 +310,7 @@ mod tests {
 
     #[test]
     fn plain_pieces_arrive_whole_and_in_order() {
-        let data = sample_data(1_000_003);
+        let data = sample(1_000_003);
         let mut reader = feed(data.clone(), 4093, true);
         let mut out = Vec::new();
         let counter = AtomicU64::new(0);

@@ -361,24 +361,8 @@ impl Write for FrameSink {
 mod tests {
     use super::*;
     use crate::sink::{receive, Chunk, ChunkReader};
+    use crate::testdata::sample;
     use oxadb_wire::sync::SyncHeader;
-
-    fn sample(len: usize) -> Vec<u8> {
-        let mut state = 0x1234_5678u32;
-        (0..len)
-            .map(|i| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                // Partly compressible.
-                if i % 64 < 32 {
-                    b'a'
-                } else {
-                    state as u8
-                }
-            })
-            .collect()
-    }
 
     /// Splits batches into frames and returns the payloads.
     fn payloads(batches: &[Bytes]) -> Vec<Vec<u8>> {

@@ -155,21 +155,7 @@ fn set_mtime(path: &Path, seconds: u64) {
 }
 
 fn set_symlink_mtime(path: &Path, seconds: i64) {
-    let when = rustix::fs::Timespec {
-        tv_sec: seconds,
-        tv_nsec: 0,
-    };
-    let times = rustix::fs::Timestamps {
-        last_access: when,
-        last_modification: when,
-    };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        path,
-        &times,
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .unwrap();
+    oxadb_transfer::set_times_at(path, seconds, false).unwrap();
 }
 
 fn umask() -> u32 {

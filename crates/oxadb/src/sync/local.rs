@@ -1,21 +1,17 @@
-//! The local file system side: walking a tree to push, and the files a pull
-//! writes. Everything here blocks; callers run it on a blocking thread.
+//! The local file system side: walking a tree to push, and what a pulled file
+//! is given (the files themselves are written by `oxadb-transfer`, under
+//! `Policy::HOST`). Everything here blocks; callers run it on a blocking thread.
 
 use std::ffi::OsStr;
-use std::fs::{self, File, FileTimes, OpenOptions};
+use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+
+use oxadb_transfer::{Attributes, Policy};
 
 use super::{describe_io, join_remote};
-
-/// Prefix of the temporary files a pull writes before renaming them into place.
-pub(crate) const PULL_TEMP_PREFIX: &str = ".oxadb-pull.";
-/// Mode of files adb pulls without `-a` (before the umask).
-const PULLED_FILE_MODE: u32 = 0o644;
 
 /// What a pushed tree entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,8 +124,6 @@ pub(crate) fn symlink_payload(path: &Path) -> io::Result<Vec<u8>> {
     Ok(target)
 }
 
-use std::os::unix::ffi::OsStringExt;
-
 /// Mode and time to give a pulled file (`pull -a`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PulledAttributes {
@@ -137,201 +131,22 @@ pub(crate) struct PulledAttributes {
     pub mtime: i64,
 }
 
-/// Where a pull writes.
-pub(crate) enum PullTarget {
-    /// A temporary file beside `dest`, renamed over it once complete.
-    Replace {
-        temp: PathBuf,
-        dest: PathBuf,
-        file: File,
-    },
-    /// An existing destination that is not a regular file (a device node, a
-    /// FIFO): written in place, never replaced, chmod'ed or removed.
-    InPlace { file: File },
-    /// An existing regular file in a directory we may not create files in
-    /// (but the file is writable): truncated and rewritten in place, as adb
-    /// always does. Not atomic, but the only way.
-    Overwrite { file: File },
-}
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Temporary pull files not yet renamed into place or removed, so that an
-/// interrupted process (Ctrl-C, SIGTERM) can remove them before it exits.
-static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    UNFINISHED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn forget_unfinished(temp: &Path) {
-    unfinished().retain(|p| p != temp);
+/// What a pulled file's destination gets on commit: with `-a` the device's
+/// mode and mtime, else `Policy::HOST`'s default mode (adb's 0644 minus the umask).
+pub(crate) fn commit_attributes(attributes: Option<PulledAttributes>) -> Attributes {
+    match attributes {
+        Some(attributes) => Attributes {
+            mode: Some(attributes.mode),
+            mtime: Some(attributes.mtime),
+        },
+        None => Attributes::default(),
+    }
 }
 
 /// Removes every temporary pull file still in progress; for signal handlers
 /// that end the process. Returns how many were removed.
 pub fn remove_unfinished_pulls() -> usize {
-    let mut files = unfinished();
-    let count = files.iter().filter(|p| fs::remove_file(p).is_ok()).count();
-    files.clear();
-    count
-}
-
-impl PullTarget {
-    /// Prepares to write `dest`. A FIFO blocks here until it has a reader.
-    pub(crate) fn open(dest: &Path) -> io::Result<PullTarget> {
-        match fs::metadata(dest) {
-            Ok(metadata) if metadata.is_dir() => {
-                return Err(io::Error::from_raw_os_error(libc::EISDIR))
-            }
-            Ok(metadata) if !metadata.is_file() => {
-                let file = OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NOCTTY)
-                    .open(dest)?;
-                return Ok(PullTarget::InPlace { file });
-            }
-            _ => {}
-        }
-        let dir = match dest.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-        let pid = std::process::id();
-        loop {
-            let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let temp = dir.join(format!("{PULL_TEMP_PREFIX}{pid}.{n}"));
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&temp)
-            {
-                Ok(file) => {
-                    unfinished().push(temp.clone());
-                    return Ok(PullTarget::Replace {
-                        temp,
-                        dest: dest.to_path_buf(),
-                        file,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
-                    let writable = fs::metadata(dest).is_ok_and(|m| m.is_file());
-                    if !writable {
-                        return Err(e);
-                    }
-                    let file = OpenOptions::new()
-                        .write(true)
-                        .truncate(true)
-                        .custom_flags(libc::O_CLOEXEC)
-                        .open(dest)
-                        .map_err(|_| e)?;
-                    return Ok(PullTarget::Overwrite { file });
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Whether the data goes into a regular file (a temporary one or, rarely,
-    /// the destination itself), whose writes never wait on another process.
-    pub(crate) fn is_regular_file(&self) -> bool {
-        !matches!(self, PullTarget::InPlace { .. })
-    }
-
-    pub(crate) fn file(&self) -> &File {
-        match self {
-            PullTarget::Replace { file, .. }
-            | PullTarget::InPlace { file }
-            | PullTarget::Overwrite { file } => file,
-        }
-    }
-
-    /// Gives a complete temporary file its mode (and with `-a` its mtime) and
-    /// renames it into place. Removes it if that fails.
-    pub(crate) fn commit(self, attributes: Option<PulledAttributes>) -> io::Result<()> {
-        match self {
-            PullTarget::InPlace { .. } => Ok(()),
-            PullTarget::Overwrite { file } => match attributes {
-                Some(attributes) => apply_attributes(&file, Some(attributes)),
-                None => Ok(()),
-            },
-            PullTarget::Replace { temp, dest, file } => {
-                let result = apply_attributes(&file, attributes).and_then(|()| {
-                    drop(file);
-                    fs::rename(&temp, &dest)
-                });
-                if result.is_err() {
-                    let _ = fs::remove_file(&temp);
-                }
-                forget_unfinished(&temp);
-                result
-            }
-        }
-    }
-
-    /// Discards a temporary file; leaves an in-place destination alone.
-    pub(crate) fn abort(self) {
-        if let PullTarget::Replace { temp, file, .. } = self {
-            drop(file);
-            let _ = fs::remove_file(&temp);
-            forget_unfinished(&temp);
-        }
-    }
-}
-
-/// The mode adb gives a pulled file (0644, or with `-a` the device's), minus
-/// the umask, and with `-a` the device's mtime.
-fn apply_attributes(file: &File, attributes: Option<PulledAttributes>) -> io::Result<()> {
-    let umask = process_umask();
-    let mode = match attributes {
-        Some(attributes) => attributes.mode & 0o7777 & !umask,
-        None => PULLED_FILE_MODE & !umask,
-    };
-    file.set_permissions(fs::Permissions::from_mode(mode))?;
-    if let Some(attributes) = attributes {
-        let when = unix_time(attributes.mtime);
-        file.set_times(FileTimes::new().set_accessed(when).set_modified(when))?;
-    }
-    Ok(())
-}
-
-fn unix_time(seconds: i64) -> SystemTime {
-    if seconds >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds as u64)
-    } else {
-        SystemTime::UNIX_EPOCH - Duration::from_secs(seconds.unsigned_abs())
-    }
-}
-
-/// This process's umask (read once).
-pub(crate) fn process_umask() -> u32 {
-    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *UMASK.get_or_init(read_umask)
-}
-
-/// The umask, read without changing it (`/proc/self/status`), else by the
-/// set-and-restore dance.
-fn read_umask() -> u32 {
-    if let Ok(status) = fs::read_to_string("/proc/self/status") {
-        for line in status.lines() {
-            if let Some(value) = line.strip_prefix("Umask:") {
-                if let Ok(mask) = u32::from_str_radix(value.trim(), 8) {
-                    return mask;
-                }
-            }
-        }
-    }
-    // SAFETY: umask has no memory-safety preconditions; the previous mask is restored.
-    unsafe {
-        let mask = libc::umask(0o022);
-        libc::umask(mask);
-        mask as u32
-    }
+    Policy::HOST.remove_unfinished()
 }
 
 /// The local path for a name received from the device, refusing names that
@@ -382,11 +197,5 @@ mod tests {
         assert_eq!(child_path(dir, b".."), None);
         assert_eq!(child_path(dir, b"a/../../b"), None);
         assert_eq!(child_path(dir, b""), None);
-    }
-
-    #[test]
-    fn umask_is_read() {
-        let mask = process_umask();
-        assert_eq!(mask & !0o777, 0);
     }
 }

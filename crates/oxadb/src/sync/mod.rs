@@ -49,9 +49,12 @@
 //!   sources.
 
 mod codec;
+mod framing;
 mod local;
 mod pull;
 mod push;
+mod receive;
+mod send;
 mod session;
 
 use std::fmt;

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::local::{self, EntryKind, LocalEntry};
-use super::session::{Content, LocalFile, SendMode, SyncSession, Upload};
+use super::send::{Content, LocalFile, SendMode, Upload};
+use super::session::SyncSession;
 use super::{
     basename, join_remote, transfer_error, Compression, Progress, PushOptions, SyncFeatures,
     TransferSummary,

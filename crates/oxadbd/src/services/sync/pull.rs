@@ -1,0 +1,101 @@
+//! `RECV` and `RCV2`: a file thread reads the file into ready-made `DATA`
+//! frames through `oxadb-transfer` (`Framing::DAEMON`), which the stream sends
+//! as they are, then `DONE` or `FAIL`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+
+use bytes::Bytes;
+use oxadb_io::WriteChunk;
+use oxadb_transfer::{send_frames, Framing, SendError, Source};
+use oxadb_wire::sync::{self as wire, Compression, TransferFlags};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use super::{Conn, Flow, SyncError, TransferFailure};
+
+/// Pull buffers queued between the file thread and the stream (about 4 MiB;
+/// `Framing::DAEMON` sizes them).
+const PULL_QUEUE_DEPTH: usize = Framing::DAEMON.queue_depth;
+
+impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
+    // ----- RECV, RCV2 -----
+
+    /// `RCV2`: an `(id, flags)` setup frame follows the request.
+    pub(super) async fn recv_v2(&mut self, path: PathBuf) -> Result<Flow, SyncError> {
+        let mut bytes = [0u8; wire::RECV_V2_SETUP_LEN];
+        self.read_exact(&mut bytes, "an RCV2 setup frame").await?;
+        let setup = wire::RecvV2Setup::parse(&bytes).expect("a full setup frame");
+        debug!(flags = format_args!("{:#x}", setup.flags), "RCV2 setup");
+        if setup.id != wire::ID_RECV_V2 {
+            debug!("sync: RCV2 setup frame has id {}", wire::id_name(setup.id));
+        }
+        match TransferFlags::from_recv_flags(setup.flags) {
+            Ok(flags) => self.recv(path, flags.compression).await,
+            Err(e) => {
+                self.fail(&format!("couldn't pull '{}': {e}", path.display()))
+                    .await?;
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    /// Streams the file as `DATA` frames (each header and payload in one buffer), then `DONE`.
+    pub(super) async fn recv(
+        &mut self,
+        path: PathBuf,
+        compression: Compression,
+    ) -> Result<Flow, SyncError> {
+        let (frames, mut queue) = mpsc::channel::<Bytes>(PULL_QUEUE_DEPTH);
+        let worker_path = path.clone();
+        let worker =
+            tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
+
+        while let Some(frame) = queue.recv().await {
+            if let Err(e) = self.stream.write_chunk(frame).await {
+                drop(queue);
+                let _ = worker.await;
+                return Err(e.into());
+            }
+        }
+        let outcome = worker.await.unwrap_or_else(|e| {
+            Err(TransferFailure::Report(format!(
+                "couldn't pull '{}': {e}",
+                path.display()
+            )))
+        });
+        match outcome {
+            Ok(()) => {
+                self.send(&wire::encode_done(0)).await?;
+                Ok(Flow::Continue)
+            }
+            Err(TransferFailure::Report(message)) => {
+                // adbd ends the service after a failed pull; the client stops too.
+                self.fail(&message).await?;
+                Ok(Flow::End)
+            }
+            // Only happens when we stopped reading the queue, which returned above.
+            Err(TransferFailure::HostGone) => Err(SyncError::Truncated("a pull")),
+        }
+    }
+}
+
+/// Reads the file (on a blocking thread) and queues ready-made `DATA` frames.
+fn send_file(
+    path: &Path,
+    compression: Compression,
+    frames: mpsc::Sender<Bytes>,
+) -> Result<(), TransferFailure> {
+    let report = |what: &str, e: io::Error| {
+        TransferFailure::Report(format!("{what} '{}': {e}", path.display()))
+    };
+    let source = Source::open(path).map_err(|e| report("couldn't open", e))?;
+    let read = AtomicU64::new(0);
+    send_frames(source.file(), compression, &Framing::DAEMON, frames, &read).map_err(|e| match e {
+        SendError::Read(e) => report("couldn't read", e),
+        SendError::Compress(e) => report("couldn't compress", e),
+        SendError::Stopped => TransferFailure::HostGone,
+    })
+}

@@ -1,0 +1,431 @@
+//! Where a received file is written: atomically through a temporary file
+//! renamed over the destination, or in place when the destination cannot be
+//! replaced (a device node, a FIFO, a kernel interface file).
+
+use std::fmt;
+use std::fs::{self, File, FileTimes, OpenOptions};
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tracing::{debug, warn};
+
+use crate::temp::{create_beside, process_umask, TempEntry};
+use crate::{is_special, on_kernel_interface_fs, Policy};
+
+/// How a finished file gets its mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeRule {
+    /// Exactly `mode & 0o7777`, applied with `fchmod` after the data so the
+    /// umask cannot change it; `mode & 0o777` when the special bits are not
+    /// ours to set (EPERM). Failures are only logged: adbd ignores fchmod
+    /// errors (`daemon/file_sync_service.cpp`), not every filesystem has it.
+    /// Times that cannot be set are logged too.
+    Exact,
+    /// `mode & 0o7777` (or `default` when no mode is given) minus the process
+    /// umask, as adb gives pulled files (`client/file_sync_client.cpp`).
+    /// Failures are errors.
+    MinusUmask { default: u32 },
+}
+
+/// The mode and time to give a finished file. Fields left `None` are left
+/// alone (but a replaced file under [`ModeRule::MinusUmask`] always gets its
+/// default mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Attributes {
+    pub mode: Option<u32>,
+    /// Seconds since the epoch; atime is set to the same value (adbd and adb
+    /// both set the pair).
+    pub mtime: Option<i64>,
+}
+
+/// The step of a destination's life that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Making the temporary file (or the destination is a directory).
+    Create,
+    /// Making the missing parent directory named.
+    CreateDir(PathBuf),
+    /// Opening a destination that is written in place.
+    OpenInPlace,
+    /// Writing the data (also copying into a busy destination).
+    Write,
+    /// Giving the file its mode or times.
+    Attributes,
+    /// Renaming the temporary file over the destination.
+    Replace,
+}
+
+/// A failed destination step and its cause; each role words it its own way.
+#[derive(Debug)]
+pub struct DestError {
+    pub step: Step,
+    pub error: io::Error,
+}
+
+impl DestError {
+    pub(crate) fn new(step: Step, error: io::Error) -> DestError {
+        DestError { step, error }
+    }
+}
+
+impl fmt::Display for DestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.step {
+            Step::CreateDir(dir) => {
+                write!(
+                    f,
+                    "couldn't create directory '{}': {}",
+                    dir.display(),
+                    self.error
+                )
+            }
+            _ => self.error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DestError {}
+
+enum Kind {
+    /// A temporary file beside the destination, renamed over it once complete.
+    Replace { temp: TempEntry, file: File },
+    /// An existing destination that is not a regular file (a device node, a
+    /// FIFO) or a kernel interface file: written in place, never replaced,
+    /// chmod'ed, retimed or removed.
+    InPlace { file: File },
+    /// An existing regular file in a directory we may not create files in
+    /// (but the file is writable): truncated and rewritten in place. Not
+    /// atomic, but the only way ([`Policy::overwrite_if_dir_unwritable`]).
+    Overwrite { file: File },
+}
+
+/// A file being received. Dropping it without [`Destination::commit`]
+/// discards a temporary file and leaves an existing destination untouched.
+pub struct Destination {
+    path: PathBuf,
+    policy: Policy,
+    kind: Kind,
+}
+
+impl Destination {
+    /// Prepares to write `path` under `policy`. A FIFO blocks here until it
+    /// has a reader, as with adbd and adb.
+    pub fn open(path: &Path, policy: &Policy) -> Result<Destination, DestError> {
+        let existing = if policy.follow_symlinks {
+            fs::metadata(path)
+        } else {
+            fs::symlink_metadata(path)
+        };
+        let in_place = match existing {
+            Ok(md) if md.is_dir() => {
+                return Err(DestError::new(
+                    Step::Create,
+                    io::Error::from_raw_os_error(libc::EISDIR),
+                ))
+            }
+            Ok(md) if is_special(&md) => true,
+            // procfs/sysfs files can't get a sibling temp file; adbd writes them in place.
+            Ok(md) => md.is_file() && policy.in_place_on_kernel_fs && on_kernel_interface_fs(path),
+            Err(_) => false,
+        };
+        let kind = if in_place {
+            let file = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOCTTY)
+                .open(path)
+                .map_err(|e| DestError::new(Step::OpenInPlace, e))?;
+            Kind::InPlace { file }
+        } else {
+            Self::create_temp(path, policy)?
+        };
+        Ok(Destination {
+            path: path.to_path_buf(),
+            policy: *policy,
+            kind,
+        })
+    }
+
+    fn create_temp(path: &Path, policy: &Policy) -> Result<Kind, DestError> {
+        let created = create_beside(path, policy, |candidate| {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(candidate)
+        });
+        match created {
+            Ok((temp, file)) => Ok(Kind::Replace { temp, file }),
+            Err(DestError {
+                step: Step::Create,
+                error,
+            }) if policy.overwrite_if_dir_unwritable
+                && matches!(error.raw_os_error(), Some(libc::EACCES | libc::EPERM)) =>
+            {
+                if !fs::metadata(path).is_ok_and(|m| m.is_file()) {
+                    return Err(DestError::new(Step::Create, error));
+                }
+                let file = OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(path)
+                    .map_err(|_| DestError::new(Step::Create, error))?;
+                Ok(Kind::Overwrite { file })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The file the data goes to (the temporary file when replacing). Exposed
+    /// so that a zero-copy path can `splice` into its descriptor directly.
+    pub fn file(&self) -> &File {
+        match &self.kind {
+            Kind::Replace { file, .. } | Kind::InPlace { file } | Kind::Overwrite { file } => file,
+        }
+    }
+
+    /// The destination path (not the temporary one).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the data goes into a regular file (a temporary one or, rarely,
+    /// the destination itself), whose writes never wait on another process.
+    pub fn is_regular_file(&self) -> bool {
+        !matches!(self.kind, Kind::InPlace { .. })
+    }
+
+    /// Whether the destination is replaced atomically on commit.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self.kind, Kind::Replace { .. })
+    }
+
+    /// Gives a complete file its attributes and, when replacing, renames it
+    /// into place. On failure the temporary file is removed.
+    pub fn commit(self, attributes: Attributes) -> Result<(), DestError> {
+        let Destination { path, policy, kind } = self;
+        match kind {
+            Kind::InPlace { .. } => Ok(()),
+            Kind::Overwrite { file } => apply(&file, &path, &policy, attributes, false),
+            Kind::Replace { temp, file } => {
+                apply(&file, &path, &policy, attributes, true)?;
+                drop(file);
+                match temp.rename_over(&path) {
+                    Ok(()) => Ok(()),
+                    // A mount point (say a bind-mounted /etc/hosts) can't be renamed
+                    // over; adbd would write it in place, so copy the finished file into it.
+                    Err((temp, e))
+                        if policy.copy_when_busy && e.raw_os_error() == Some(libc::EBUSY) =>
+                    {
+                        debug!("sync: '{}' is busy ({e}); copying in place", path.display());
+                        fs::copy(temp.path(), &path).map_err(|e| DestError::new(Step::Write, e))?;
+                        if let Some(mtime) = attributes.mtime {
+                            if let Err(e) = set_times_at(&path, mtime, true) {
+                                warn!("sync: couldn't set the mtime of '{}': {e}", path.display());
+                            }
+                        }
+                        Ok(())
+                    }
+                    Err((_, e)) => Err(DestError::new(Step::Replace, e)),
+                }
+            }
+        }
+    }
+}
+
+/// Applies `attributes` under the policy's [`ModeRule`]; `replaced` says the
+/// file is new, so a default mode applies.
+fn apply(
+    file: &File,
+    path: &Path,
+    policy: &Policy,
+    attributes: Attributes,
+    replaced: bool,
+) -> Result<(), DestError> {
+    match policy.mode {
+        ModeRule::Exact => {
+            if let Some(mode) = attributes.mode {
+                apply_exact_mode(file, mode, path);
+            }
+            if let Some(mtime) = attributes.mtime {
+                if let Err(e) = file.set_times(times(mtime)) {
+                    warn!("sync: couldn't set the mtime of '{}': {e}", path.display());
+                }
+            }
+            Ok(())
+        }
+        ModeRule::MinusUmask { default } => {
+            let mode = match attributes.mode {
+                Some(mode) => Some(mode & 0o7777),
+                None if replaced => Some(default),
+                None => None,
+            };
+            if let Some(mode) = mode {
+                file.set_permissions(fs::Permissions::from_mode(mode & !process_umask()))
+                    .map_err(|e| DestError::new(Step::Attributes, e))?;
+            }
+            if let Some(mtime) = attributes.mtime {
+                file.set_times(times(mtime))
+                    .map_err(|e| DestError::new(Step::Attributes, e))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// [`ModeRule::Exact`]: exactly `mode & 0o7777`, or `mode & 0o777` when the
+/// special bits are not ours to set. (Google's adbd copies the owner bits to
+/// group and other, turning 0751 into 0777; we keep 0751.)
+fn apply_exact_mode(file: &File, mode: u32, path: &Path) {
+    let wanted = mode & 0o7777;
+    match file.set_permissions(fs::Permissions::from_mode(wanted)) {
+        Ok(()) => {
+            // Linux may silently drop setgid instead of failing; say so.
+            if let Ok(md) = file.metadata() {
+                if md.mode() & 0o7777 != wanted {
+                    warn!(
+                        "sync: '{}' got mode {:o} instead of {wanted:o}",
+                        path.display(),
+                        md.mode() & 0o7777
+                    );
+                }
+            }
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && wanted & 0o7000 != 0 => {
+            let fallback = wanted & 0o777;
+            warn!(
+                "sync: may not set mode {wanted:o} on '{}' ({e}); using {fallback:o}",
+                path.display()
+            );
+            if let Err(e) = file.set_permissions(fs::Permissions::from_mode(fallback)) {
+                warn!("sync: couldn't chmod '{}': {e}", path.display());
+            }
+        }
+        Err(e) => warn!(
+            "sync: couldn't chmod '{}' to {wanted:o}: {e}",
+            path.display()
+        ),
+    }
+}
+
+fn unix_time(seconds: i64) -> SystemTime {
+    if seconds >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds as u64)
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_secs(seconds.unsigned_abs())
+    }
+}
+
+fn times(mtime: i64) -> FileTimes {
+    let when = unix_time(mtime);
+    FileTimes::new().set_accessed(when).set_modified(when)
+}
+
+/// Sets atime and mtime of `path` to `mtime`; `follow: false` retimes a
+/// symlink itself (`AT_SYMLINK_NOFOLLOW`, the `fixed_push_symlink_timestamp`
+/// feature of `daemon/file_sync_service.cpp`).
+pub fn set_times_at(path: &Path, mtime: i64, follow: bool) -> io::Result<()> {
+    let when = rustix::fs::Timespec {
+        tv_sec: mtime,
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: when,
+        last_modification: when,
+    };
+    let flags = if follow {
+        rustix::fs::AtFlags::empty()
+    } else {
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, path, &times, flags)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn replace_is_atomic_and_dropping_discards() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        fs::write(&dest, b"old").unwrap();
+        for policy in [Policy::DAEMON, Policy::HOST] {
+            let target = Destination::open(&dest, &policy).unwrap();
+            assert!(target.is_atomic() && target.is_regular_file());
+            target.file().write_all(b"new").unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"old");
+            drop(target);
+            assert_eq!(entries(dir.path()), ["f"]);
+        }
+        let target = Destination::open(&dest, &Policy::DAEMON).unwrap();
+        target.file().write_all(b"new").unwrap();
+        target
+            .commit(Attributes {
+                mode: Some(0o640),
+                mtime: Some(1_234_567_890),
+            })
+            .unwrap();
+        let md = fs::metadata(&dest).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"new");
+        assert_eq!((md.mode() & 0o7777, md.mtime()), (0o640, 1_234_567_890));
+        assert_eq!(entries(dir.path()), ["f"]);
+    }
+
+    #[test]
+    fn host_pull_gets_default_mode_minus_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("pulled");
+        Destination::open(&dest, &Policy::HOST)
+            .unwrap()
+            .commit(Attributes::default())
+            .unwrap();
+        let mode = fs::metadata(&dest).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o644 & !process_umask());
+    }
+
+    #[test]
+    fn directories_and_special_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for policy in [Policy::DAEMON, Policy::HOST] {
+            let err = Destination::open(dir.path(), &policy).err().unwrap();
+            assert_eq!(err.step, Step::Create);
+            assert_eq!(err.error.raw_os_error(), Some(libc::EISDIR));
+        }
+        // A character device is written in place (/dev/zero discards writes).
+        let target = Destination::open(Path::new("/dev/zero"), &Policy::HOST).unwrap();
+        assert!(!target.is_regular_file() && !target.is_atomic());
+        drop(target);
+        assert!(fs::metadata("/dev/zero")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+
+    #[test]
+    fn missing_parents_only_where_the_policy_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a/b/f");
+        let err = Destination::open(&dest, &Policy::HOST).err().unwrap();
+        assert_eq!(err.error.kind(), io::ErrorKind::NotFound);
+        Destination::open(&dest, &Policy::DAEMON)
+            .unwrap()
+            .commit(Attributes::default())
+            .unwrap();
+        assert!(dest.is_file());
+    }
+
+    use std::os::unix::fs::FileTypeExt;
+}

@@ -1,0 +1,129 @@
+//! The file side of adb's sync protocol, written once for both roles.
+//!
+//! A push on the daemon and a pull on the host do the same file work: take
+//! the `DATA` payloads of the stream, decompress them if SND2/RCV2 said so,
+//! and write them to a destination that is replaced atomically (a temporary
+//! file beside it, renamed over it once `DONE` arrived). A pull on the daemon
+//! and a push on the host do the reverse: read a file and cut it (compressed
+//! or not) into `DATA` frames. The protocol framing stays in
+//! [`oxadb_wire::sync`]; this crate holds what sits between those frames and
+//! the file system, with the roles' differences as values ([`Policy`],
+//! [`Framing`]) rather than two copies of the code (docs/architecture.md,
+//! "transfer").
+//!
+//! Everything here blocks: callers run it on a blocking thread and talk to it
+//! through bounded `tokio::sync::mpsc` channels ([`Chunk`] in, `Bytes`
+//! batches out).
+//!
+//! The types leave the file descriptors reachable ([`Destination::file`],
+//! [`Source::file`] with [`Source::len`]) so that a later zero-copy path
+//! (`splice`/`sendfile` between socket and file) can bypass the buffer loops
+//! without changing the atomicity rules.
+
+mod destination;
+mod sink;
+mod source;
+mod temp;
+#[cfg(test)]
+mod testdata;
+
+pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
+pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
+pub use source::{send_frames, BufferPool, Framing, SendError, Source};
+pub use temp::{create_beside, process_umask, TempEntry};
+
+use std::path::Path;
+
+/// What differs between the roles when they write a received file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Prefix of temporary names: `.oxadb-push.` (daemon) or `.oxadb-pull.` (host).
+    /// Each is followed by the process id and a counter.
+    pub temp_prefix: &'static str,
+    /// How the mode is given to a finished file.
+    pub mode: ModeRule,
+    /// Whether an existing destination is looked at through a symlink (the
+    /// host's `stat`, so a link to `/dev/null` is written in place) or not
+    /// (adbd's `lstat` in `daemon/file_sync_service.cpp`: a link is replaced).
+    pub follow_symlinks: bool,
+    /// Mode for missing parent directories, created on `ENOENT`
+    /// (the daemon's `fixed_push_mkdir` feature); `None`: fail instead.
+    pub parent_dir_mode: Option<u32>,
+    /// Write regular files on procfs/sysfs-like filesystems in place: no
+    /// temporary file can be made there (the daemon, as adbd writes them).
+    pub in_place_on_kernel_fs: bool,
+    /// When no temporary file may be created in the directory (`EACCES`,
+    /// `EPERM`) but the destination is a writable regular file, truncate and
+    /// rewrite it in place, as adb's `file_sync_client.cpp` always does (the host).
+    pub overwrite_if_dir_unwritable: bool,
+    /// When the rename says `EBUSY` (a bind-mounted file), copy the finished
+    /// file into the destination instead (the daemon).
+    pub copy_when_busy: bool,
+}
+
+impl Policy {
+    /// The daemon writing a pushed file (`daemon/file_sync_service.cpp`).
+    pub const DAEMON: Policy = Policy {
+        temp_prefix: ".oxadb-push.",
+        mode: ModeRule::Exact,
+        follow_symlinks: false,
+        // adbd's `secure_mkdirs` uses 0775 (subject to the umask).
+        parent_dir_mode: Some(0o775),
+        in_place_on_kernel_fs: true,
+        overwrite_if_dir_unwritable: false,
+        copy_when_busy: true,
+    };
+
+    /// The host writing a pulled file (`client/file_sync_client.cpp`).
+    pub const HOST: Policy = Policy {
+        temp_prefix: ".oxadb-pull.",
+        // adb's `sync_recv` creates pulled files 0644 before the umask.
+        mode: ModeRule::MinusUmask { default: 0o644 },
+        follow_symlinks: true,
+        parent_dir_mode: None,
+        in_place_on_kernel_fs: false,
+        overwrite_if_dir_unwritable: true,
+        copy_when_busy: false,
+    };
+
+    /// Removes the temporary files of this policy's transfers still in
+    /// progress, for a process that is shutting down (a signal handler).
+    /// Returns how many were removed.
+    pub fn remove_unfinished(&self) -> usize {
+        temp::remove_unfinished(self.temp_prefix)
+    }
+
+    /// Whether `name` (a file name) is one of this policy's temporary files.
+    pub fn is_temp_name(&self, name: &str) -> bool {
+        name.starts_with(self.temp_prefix)
+    }
+}
+
+/// Whether `path` is on a kernel pseudo filesystem (magic numbers from
+/// linux/magic.h): proc, sysfs, configfs, debugfs, tracefs, cgroup, cgroup2,
+/// securityfs, selinuxfs.
+pub fn on_kernel_interface_fs(path: &Path) -> bool {
+    const KERNEL_FS_MAGICS: [u32; 9] = [
+        0x0000_9fa0,
+        0x6265_6572,
+        0x6265_6570,
+        0x6462_6720,
+        0x7472_6163,
+        0x0027_e0eb,
+        0x6367_7270,
+        0x7363_6673,
+        0xf97c_ff8c,
+    ];
+    match rustix::fs::statfs(path) {
+        // f_type's integer type varies by architecture; the magic is its low 32 bits.
+        Ok(fs) => KERNEL_FS_MAGICS.contains(&(fs.f_type as u64 as u32)),
+        Err(_) => false,
+    }
+}
+
+/// A file type that is neither regular, a directory nor a symlink.
+pub fn is_special(md: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = md.file_type();
+    kind.is_char_device() || kind.is_block_device() || kind.is_fifo() || kind.is_socket()
+}

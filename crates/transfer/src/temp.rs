@@ -1,0 +1,192 @@
+//! Temporary directory entries beside a destination, and the process-wide
+//! registry of those not yet renamed into place, so that a process told to
+//! stop can remove them (the threads writing them may still hold them).
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use tracing::warn;
+
+use crate::destination::{DestError, Step};
+use crate::Policy;
+
+/// Temporary entries in progress, of every role this process plays.
+static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn unfinished() -> MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn has_prefix(path: &Path, prefix: &str) -> bool {
+    path.file_name()
+        .is_some_and(|name| name.as_encoded_bytes().starts_with(prefix.as_bytes()))
+}
+
+/// Removes the registered entries whose names start with `prefix`.
+pub(crate) fn remove_unfinished(prefix: &str) -> usize {
+    let mut entries = unfinished();
+    let mut removed = 0;
+    entries.retain(|path| {
+        if !has_prefix(path, prefix) {
+            return true;
+        }
+        if fs::remove_file(path).is_ok() {
+            removed += 1;
+        }
+        false
+    });
+    removed
+}
+
+/// A temporary directory entry that is removed unless renamed into place.
+#[derive(Debug)]
+pub struct TempEntry {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl TempEntry {
+    fn new(path: PathBuf) -> TempEntry {
+        unfinished().push(path.clone());
+        TempEntry { path, armed: true }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renames the entry over `destination`. On failure the entry comes back
+    /// (still armed, so dropping it removes it) with the error.
+    pub fn rename_over(mut self, destination: &Path) -> Result<(), (TempEntry, io::Error)> {
+        match fs::rename(&self.path, destination) {
+            Ok(()) => {
+                self.armed = false;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
+impl Drop for TempEntry {
+    fn drop(&mut self) {
+        unfinished().retain(|p| p != &self.path);
+        if self.armed {
+            if let Err(e) = fs::remove_file(&self.path) {
+                warn!("sync: couldn't remove '{}': {e}", self.path.display());
+            }
+        }
+    }
+}
+
+/// Creates a fresh temporary entry with `create` in `destination`'s directory
+/// (so the final rename is atomic), named `<prefix><pid>.<n>`. With
+/// `policy.parent_dir_mode` missing parent directories are made on `ENOENT`.
+pub fn create_beside<T>(
+    destination: &Path,
+    policy: &Policy,
+    mut create: impl FnMut(&Path) -> io::Result<T>,
+) -> Result<(TempEntry, T), DestError> {
+    let dir = match destination.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut made_parents = false;
+    // Names are unique per process; a clash means a leftover from a dead process.
+    for _ in 0..64 {
+        let name = format!(
+            "{}{}.{}",
+            policy.temp_prefix,
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let candidate = dir.join(name);
+        match create(&candidate) {
+            Ok(made) => return Ok((TempEntry::new(candidate), made)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !made_parents => {
+                let Some(mode) = policy.parent_dir_mode else {
+                    return Err(DestError::new(Step::Create, e));
+                };
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(mode)
+                    .create(&dir)
+                    .map_err(|e| DestError::new(Step::CreateDir(dir.clone()), e))?;
+                made_parents = true;
+            }
+            Err(e) => return Err(DestError::new(Step::Create, e)),
+        }
+    }
+    Err(DestError::new(
+        Step::Create,
+        io::Error::from(io::ErrorKind::AlreadyExists),
+    ))
+}
+
+/// This process's umask (read once).
+pub fn process_umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(read_umask)
+}
+
+/// The umask, read without changing it (`/proc/self/status`), else by the
+/// set-and-restore dance.
+fn read_umask() -> u32 {
+    if let Ok(status) = fs::read_to_string("/proc/self/status") {
+        for line in status.lines() {
+            if let Some(value) = line.strip_prefix("Umask:") {
+                if let Ok(mask) = u32::from_str_radix(value.trim(), 8) {
+                    return mask;
+                }
+            }
+        }
+    }
+    // SAFETY: umask has no memory-safety preconditions; the previous mask is restored.
+    unsafe {
+        let mask = libc::umask(0o022);
+        libc::umask(mask);
+        mask as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn umask_is_read() {
+        let mask = process_umask();
+        assert_eq!(mask & !0o777, 0);
+    }
+
+    #[test]
+    fn remove_unfinished_takes_only_its_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("d");
+        // Prefixes of their own: other tests of this process have temporary files too.
+        let a = Policy {
+            temp_prefix: ".oxadb-test-a.",
+            ..Policy::DAEMON
+        };
+        let b = Policy {
+            temp_prefix: ".oxadb-test-b.",
+            ..Policy::HOST
+        };
+        let (push, ()) = create_beside(&dest, &a, |p| fs::write(p, b"x")).unwrap();
+        let (pull, ()) = create_beside(&dest, &b, |p| fs::write(p, b"y")).unwrap();
+        assert_eq!(a.remove_unfinished(), 1);
+        assert!(!push.path().exists());
+        assert!(pull.path().exists());
+        drop(pull);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+        drop(push);
+    }
+}

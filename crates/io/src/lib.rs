@@ -6,7 +6,7 @@
 //! protocol logic stays in the engine, this crate only moves bytes and wakes tasks.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice};
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -14,6 +14,9 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use oxadb_engine::{Config, Event, Read, Role, StreamId};
 use oxadb_wire::{Header, HEADER_LEN};
+pub use tcp_sink::TcpSink;
+
+mod tcp_sink;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::Notify;
@@ -501,11 +504,12 @@ impl Connection {
         impl std::future::Future<Output = ConnectionError>,
     )> {
         let (reader, writer, label) = tcp_halves(stream)?;
-        Ok(Connection::start_device(
+        Ok(Connection::start_packets(
             reader,
-            writer,
+            TcpSink::new(writer),
             config,
             label,
+            None,
             authenticator,
         ))
     }
@@ -520,8 +524,13 @@ impl Connection {
         impl std::future::Future<Output = ConnectionError>,
     )> {
         let (reader, writer, label) = tcp_halves(stream)?;
-        Ok(Connection::start_with_auth(
-            reader, writer, config, label, auth,
+        Ok(Connection::start_packets(
+            reader,
+            TcpSink::new(writer),
+            config,
+            label,
+            auth,
+            None,
         ))
     }
 
@@ -842,21 +851,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
     let mut done = 0usize;
     let total: usize = batch.iter().map(|p| HEADER_LEN + p.payload.len()).sum();
     while done < total {
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * batch.len());
-        let mut skip = done;
-        for packet in batch.iter() {
-            for part in [&packet.header[..], &packet.payload[..]] {
-                if part.is_empty() {
-                    continue;
-                }
-                if skip >= part.len() {
-                    skip -= part.len();
-                    continue;
-                }
-                slices.push(IoSlice::new(&part[skip..]));
-                skip = 0;
-            }
-        }
+        let slices = tcp_sink::batch_slices(batch, done);
         let written = writer.write_vectored(&slices).await?;
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());

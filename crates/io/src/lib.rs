@@ -1074,6 +1074,18 @@ pub fn process_budget() -> Arc<oxadb_engine::MemoryBudget> {
         .clone()
 }
 
+/// A credit mode as `--credit` and the `credit` config key spell it:
+/// `classic`, `aosp` or `adaptive` (the names [`CreditMode`] displays).
+///
+/// [`CreditMode`]: oxadb_engine::CreditMode
+pub fn parse_credit_mode(text: &str) -> Result<oxadb_engine::CreditMode, String> {
+    use oxadb_engine::CreditMode;
+    [CreditMode::Classic, CreditMode::Aosp, CreditMode::Adaptive]
+        .into_iter()
+        .find(|mode| mode.to_string() == text)
+        .ok_or_else(|| format!("unknown credit mode '{text}' (expected classic, aosp or adaptive)"))
+}
+
 /// A size such as `65536`, `64K`, `64M` or `1G` (powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();

@@ -92,8 +92,7 @@ impl FileConfig {
     /// The `credit` key, or `classic` for `delayed-ack = false`.
     pub fn credit_mode(&self) -> Result<Option<CreditMode>, ConfigError> {
         if let Some(text) = &self.credit {
-            return text
-                .parse()
+            return oxadb_io::parse_credit_mode(text)
                 .map(Some)
                 .map_err(|message| ConfigError::BadValue {
                     path: self

@@ -6,18 +6,20 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use oxadb_engine::{Config, Role};
+use oxadb_engine::{Config, CreditMode, Role};
 use oxadb_io::Connection;
-use oxadb_wire::{feature, Banner};
+use oxadb_wire::Banner;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 fn config(role: Role, burst: bool) -> Config {
-    let mut banner = Banner::new(if role == Role::Host { "host" } else { "device" });
-    if burst {
-        banner.features.push(feature::DELAYED_ACK.into());
-    }
+    let banner = Banner::new(if role == Role::Host { "host" } else { "device" });
     let mut config = Config::new(role, banner);
+    config.set_credit_mode(if burst {
+        CreditMode::Adaptive
+    } else {
+        CreditMode::Classic
+    });
     if let Some(credit) = std::env::var("OXADB_BENCH_CREDIT")
         .ok()
         .and_then(|v| v.parse().ok())

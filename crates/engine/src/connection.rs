@@ -13,7 +13,9 @@ use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYL
 use thiserror::Error;
 
 use crate::budget::MemoryBudget;
-use crate::credit::{AdaptiveParams, CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
+use crate::credit::{
+    AdaptiveParams, CreditMode, CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT,
+};
 use crate::send_queue::SendQueue;
 
 /// Logs a peer's misbehaviour that does not end the connection: at WARN the
@@ -105,6 +107,18 @@ impl Config {
             max_streams: DEFAULT_MAX_STREAMS,
             stalled_stream_timeout: None,
         }
+    }
+
+    /// Applies the flow control `mode` (`--credit`): the banner offers
+    /// `delayed_ack` (last among its features) exactly when the mode is not
+    /// classic, and grants follow the mode's policy. Every role and tool
+    /// chooses its credit mode through here.
+    pub fn set_credit_mode(&mut self, mode: CreditMode) {
+        self.banner.features.retain(|f| f != feature::DELAYED_ACK);
+        if mode.delayed_ack() {
+            self.banner.features.push(feature::DELAYED_ACK.to_string());
+        }
+        self.credit_policy = mode.policy();
     }
 }
 

@@ -290,11 +290,8 @@ impl Drop for Device {
 fn host_config(options: &ConnectOptions) -> Config {
     let mut banner = Banner::new("host");
     banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
-    if options.credit.delayed_ack() {
-        banner.features.push(feature::DELAYED_ACK.to_string());
-    }
     let mut config = Config::new(Role::Host, banner);
-    config.credit_policy = options.credit.policy();
+    config.set_credit_mode(options.credit);
     config.memory_budget = Some(
         options
             .memory_budget

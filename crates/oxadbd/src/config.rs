@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use oxadb_engine::{BudgetLimits, CreditMode};
+use oxadb_engine::{Config, Role};
 use oxadb_wire::{feature, Banner};
 use serde::Deserialize;
 use thiserror::Error;
@@ -336,12 +337,21 @@ impl DaemonConfig {
                 .collect();
             banner.properties.push((key.to_string(), value));
         }
-        let mut features = feature::IMPLEMENTED.to_vec();
-        if self.credit.delayed_ack() {
-            features.push(feature::DELAYED_ACK);
-        }
-        banner.features = features.into_iter().map(str::to_string).collect();
+        banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
         banner
+    }
+
+    /// The engine configuration every connection starts from: the banner,
+    /// the credit mode (which adds `delayed_ack` to the banner unless
+    /// classic) and the limits. The memory budget is the caller's to share.
+    pub fn engine_config(&self) -> Config {
+        let mut engine = Config::new(Role::Device, self.banner());
+        engine.set_credit_mode(self.credit);
+        engine.ack_headroom = self.ack_headroom;
+        engine.require_auth = self.access.require_auth;
+        engine.max_streams = self.access.max_streams;
+        engine.stalled_stream_timeout = self.access.stalled_stream_timeout;
+        engine
     }
 }
 
@@ -517,14 +527,14 @@ mod tests {
             )
             .unwrap(),
         };
-        let banner = Banner::parse(config.banner().encode().as_bytes()).unwrap();
+        let banner = Banner::parse(config.engine_config().banner.encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));
         assert!(banner.has_feature("shell_v2"));
         assert!(banner.has_feature("delayed_ack"));
         config.credit = CreditMode::Aosp;
-        assert!(config.banner().has_feature("delayed_ack"));
+        assert!(config.engine_config().banner.has_feature("delayed_ack"));
         config.credit = CreditMode::Classic;
-        assert!(!config.banner().has_feature("delayed_ack"));
+        assert!(!config.engine_config().banner.has_feature("delayed_ack"));
     }
 
     #[test]

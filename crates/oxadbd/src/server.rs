@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxadb_engine::{Config, MemoryBudget, Role};
+use oxadb_engine::{Config, MemoryBudget};
 use oxadb_ffs::{FfsError, Gadget};
 use oxadb_io::{Authenticator, Connection, Incoming};
 use tokio::io::AsyncWriteExt;
@@ -28,15 +28,9 @@ pub struct Daemon {
 impl Daemon {
     pub fn new(config: DaemonConfig) -> Arc<Daemon> {
         let config = Arc::new(config);
-        // The banner already leaves `delayed_ack` out when it is switched off.
-        let mut engine = Config::new(Role::Device, config.banner());
-        engine.credit_policy = config.credit.policy();
+        let mut engine = config.engine_config();
         // One budget for every connection: the limit is per process (seed 003).
         engine.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
-        engine.ack_headroom = config.ack_headroom;
-        engine.require_auth = config.access.require_auth;
-        engine.max_streams = config.access.max_streams;
-        engine.stalled_stream_timeout = config.access.stalled_stream_timeout;
         let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
             Arc::new(KeyAuthenticator::new(
                 config.access.keys.clone(),

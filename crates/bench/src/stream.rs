@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use oxadb_engine::{Config, CreditMode, Role};
-use oxadb_io::Connection;
+use oxadb_io::{Auth, Connection};
 use oxadb_wire::Banner;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -41,7 +41,9 @@ pub async fn one_stream(size: u64, burst: bool) -> Result<Duration> {
     let device = device_runtime.spawn(async move {
         let listener = TcpListener::from_std(listener)?;
         let (socket, _) = listener.accept().await?;
-        let (connection, run) = Connection::start_tcp(socket, config(Role::Device, burst))?;
+        let (reader, sink, label) = oxadb_io::tcp_halves(socket)?;
+        let (connection, run) =
+            Connection::start(reader, sink, config(Role::Device, burst), label, Auth::None);
         tokio::spawn(run);
         let incoming = connection.next_incoming().await.expect("an OPEN");
         let mut stream = incoming.accept();
@@ -52,7 +54,9 @@ pub async fn one_stream(size: u64, burst: bool) -> Result<Duration> {
         anyhow::Ok(total)
     });
     let socket = TcpStream::connect(addr).await?;
-    let (connection, run) = Connection::start_tcp(socket, config(Role::Host, burst))?;
+    let (reader, sink, label) = oxadb_io::tcp_halves(socket)?;
+    let (connection, run) =
+        Connection::start(reader, sink, config(Role::Host, burst), label, Auth::None);
     tokio::spawn(run);
     connection.connected().await?;
     let mut stream = connection.open("sink:").await?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use oxadb_engine::{Config, MemoryBudget};
 use oxadb_ffs::{FfsError, Gadget};
-use oxadb_io::{Authenticator, Connection, Incoming};
+use oxadb_io::{Auth, Authenticator, Connection, Incoming};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -85,17 +85,18 @@ pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::R
             continue;
         };
         keep_alive(&socket);
-        let (connection, run) = match Connection::start_tcp_device(
-            socket,
-            daemon.engine.clone(),
-            daemon.authenticator.clone(),
-        ) {
-            Ok(started) => started,
+        let (reader, sink, label) = match oxadb_io::tcp_halves(socket) {
+            Ok(halves) => halves,
             Err(error) => {
                 tracing::warn!(%peer, %error, "could not set up connection");
                 continue;
             }
         };
+        let auth = daemon
+            .authenticator
+            .clone()
+            .map_or(Auth::None, Auth::Device);
+        let (connection, run) = Connection::start(reader, sink, daemon.engine.clone(), label, auth);
         tracing::info!(%peer, "connection accepted");
         let span = tracing::info_span!("connection", %peer);
         tokio::spawn(

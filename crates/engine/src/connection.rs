@@ -74,7 +74,7 @@ pub struct Config {
     /// every connection of a process.
     pub memory_budget: Option<Arc<MemoryBudget>>,
     /// Adaptive policy: add headroom for data and acknowledgements that
-    /// arrive in clumps (seed 004); off only for ablation runs.
+    /// arrive in clumps (docs/flow-control.md, "Headroom for clumps"); off only for ablation runs.
     pub ack_headroom: bool,
     /// Device role: a host's CNXN is answered only once the driver calls
     /// [`Connection::authorize`] (after checking a signature); until then

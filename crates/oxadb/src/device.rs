@@ -31,7 +31,7 @@ pub struct ConnectOptions {
     /// from; `None` shares the process-wide one ([`oxadb_io::process_budget`],
     /// sized from available memory like Linux's `tcp_mem`).
     pub memory_budget: Option<Arc<MemoryBudget>>,
-    /// Headroom for clumped deliveries in adaptive windows (seed 004);
+    /// Headroom for clumped deliveries in adaptive windows (docs/flow-control.md, "Headroom for clumps");
     /// switch off only to measure what it brings.
     pub ack_headroom: bool,
 }

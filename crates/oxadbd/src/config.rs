@@ -159,7 +159,8 @@ pub struct DaemonConfig {
     pub credit: CreditMode,
     /// The levels of the receive-memory budget shared by every stream.
     pub memory_budget: BudgetLimits,
-    /// Headroom for clumped deliveries in adaptive windows (seed 004).
+    /// Headroom for clumped deliveries in adaptive windows (docs/flow-control.md,
+    /// "Headroom for clumps").
     pub ack_headroom: bool,
     /// Host authentication and resource limits.
     pub access: Access,

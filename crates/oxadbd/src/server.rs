@@ -29,7 +29,8 @@ impl Daemon {
     pub fn new(config: DaemonConfig) -> Arc<Daemon> {
         let config = Arc::new(config);
         let mut engine = config.engine_config();
-        // One budget for every connection: the limit is per process (seed 003).
+        // One budget for every connection: the limit is per process
+        // (docs/flow-control.md, "Memory budget").
         engine.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
         let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
             Arc::new(KeyAuthenticator::new(

@@ -21,7 +21,8 @@ pub struct AdaptiveParams {
     pub floor: u64,
     /// The process-wide budget the window draws from beyond its floor.
     pub budget: Option<Arc<MemoryBudget>>,
-    /// Add headroom for clumped deliveries (seed 004).
+    /// Add headroom for clumped deliveries (docs/flow-control.md,
+    /// "Headroom for clumps").
     pub ack_headroom: bool,
 }
 
@@ -296,8 +297,9 @@ impl AdaptiveWindow {
         self.grow_to(target.min(u64::MAX as u128) as u64);
     }
 
-    /// Raises the window towards `target`, never above the cap; seed 003:
-    /// above the comfortable level of the budget, windows stop growing.
+    /// Raises the window towards `target`, never above the cap; above the
+    /// comfortable level of the budget, windows stop growing
+    /// (docs/flow-control.md, "Memory budget").
     fn grow_to(&mut self, target: u64) {
         if self
             .budget
@@ -539,7 +541,7 @@ mod tests {
         };
         let (steady, clumped) = (run(false), run(true));
         // The measured window is 2 x 100 MB/s x 1 ms = 200 kB, which also
-        // caps the headroom (seed 004: never more than the window itself).
+        // caps the headroom (docs/flow-control.md, "Headroom for clumps": never more than the window).
         assert!(steady <= 20_000, "steady arrivals earned {steady}");
         assert_eq!(clumped, 200_000, "clumps of 800 kB earned {clumped}");
     }
@@ -620,7 +622,7 @@ mod tests {
         );
     }
 
-    /// Property (seed 002): after `take_okays`, no update that would unblock
+    /// Property (docs/flow-control.md, "When to send an OKAY"): after `take_okays`, no update that would unblock
     /// the sender or at least double its usable credit is left pending,
     /// whatever the order of arrivals, reads and clock, with or without
     /// headroom. 2000 seeded runs of 300 random steps.

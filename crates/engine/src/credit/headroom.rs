@@ -3,7 +3,7 @@
 
 use super::adaptive::MIN_RATE_INTERVAL_NS;
 
-/// Seed 004 (BBR's ACK-aggregation estimate): when data arrives in clumps
+/// BBR's ACK-aggregation estimate (docs/flow-control.md, "Headroom for clumps"): when data arrives in clumps
 /// (USB completions, Wi-Fi aggregation, a peer that batches OKAYs), a window
 /// of exactly rate x RTT leaves the sender idle between clumps. Track the
 /// bytes delivered beyond what the rate predicts since the current burst
@@ -59,7 +59,7 @@ impl AckHeadroom {
         self.epoch_bytes = 0;
     }
 
-    /// Capped by the window itself and by rate x 100 ms (seed 004).
+    /// Capped by the window itself and by rate x 100 ms (BBR caps it at 100 ms of the rate).
     pub(crate) fn headroom(&self, rate: u64, window: u64) -> u64 {
         let by_time = (rate as u128 * MAX_HEADROOM_NS as u128 / 1_000_000_000) as u64;
         self.slots[0].max(self.slots[1]).min(window).min(by_time)

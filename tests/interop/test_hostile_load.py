@@ -1,4 +1,5 @@
-"""A hostile client under load, bounded in count and time (issue 5).
+"""A hostile client under load, bounded in count and time
+(docs/security.md, "Limits" and "Hostile input").
 
 One daemon with small, stated limits:
 

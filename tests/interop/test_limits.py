@@ -1,4 +1,4 @@
-"""Resource limits of oxadbd (issue 5), each with a small setting:
+"""Resource limits of oxadbd (docs/security.md, "Limits"), each with a small setting:
 
   * `--max-streams`: OPENs beyond it are refused with CLSE and the
     connection goes on serving;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The USB part of the test command, in one VM boot (scripts/usb-vm.sh run
-# tests/usb/suite.sh): issue 6's acceptance at high and super speed, the
+# tests/usb/suite.sh): usb-interop.sh (Google adb and oxadb against oxadbd over
+# dummy_hcd) at high and super speed, the
 # daemon's own checks (unplug cycles, fd and thread counts) at full speed,
 # and the host driver's packet-edge and claimed-interface checks at high
 # speed. Each script prints PASS or FAIL; this exits non-zero if any failed.

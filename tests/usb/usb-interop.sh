@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's acceptance, inside the VM of scripts/usb-vm.sh: oxadbd as a
+# USB interoperability, inside the VM of scripts/usb-vm.sh: oxadbd as a
 # FunctionFS gadget on dummy_hcd, Google adb 29 and oxadb as USB hosts.
 #
 #   cargo build --release

@@ -137,7 +137,7 @@ fn shared_link(size: u64) {
     }
 }
 
-/// The receiver delaying its window updates (seed 002's smoltcp bug) and,
+/// The receiver delaying its window updates (the smoltcp bug behind docs/flow-control.md, "When to send an OKAY") and,
 /// for the adaptive policy, running without ack headroom.
 fn ablations(size: u64) {
     println!("\n### Ablations, fast consumer, one stream\n");

@@ -6,18 +6,20 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use oxadb_engine::{Config, Role};
-use oxadb_io::Connection;
-use oxadb_wire::{feature, Banner};
+use oxadb_engine::{Config, CreditMode, Role};
+use oxadb_io::{Auth, Connection};
+use oxadb_wire::Banner;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 fn config(role: Role, burst: bool) -> Config {
-    let mut banner = Banner::new(if role == Role::Host { "host" } else { "device" });
-    if burst {
-        banner.features.push(feature::DELAYED_ACK.into());
-    }
+    let banner = Banner::new(if role == Role::Host { "host" } else { "device" });
     let mut config = Config::new(role, banner);
+    config.set_credit_mode(if burst {
+        CreditMode::Adaptive
+    } else {
+        CreditMode::Classic
+    });
     if let Some(credit) = std::env::var("OXADB_BENCH_CREDIT")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -39,7 +41,9 @@ pub async fn one_stream(size: u64, burst: bool) -> Result<Duration> {
     let device = device_runtime.spawn(async move {
         let listener = TcpListener::from_std(listener)?;
         let (socket, _) = listener.accept().await?;
-        let (connection, run) = Connection::start_tcp(socket, config(Role::Device, burst))?;
+        let (reader, sink, label) = oxadb_io::tcp_halves(socket)?;
+        let (connection, run) =
+            Connection::start(reader, sink, config(Role::Device, burst), label, Auth::None);
         tokio::spawn(run);
         let incoming = connection.next_incoming().await.expect("an OPEN");
         let mut stream = incoming.accept();
@@ -50,7 +54,9 @@ pub async fn one_stream(size: u64, burst: bool) -> Result<Duration> {
         anyhow::Ok(total)
     });
     let socket = TcpStream::connect(addr).await?;
-    let (connection, run) = Connection::start_tcp(socket, config(Role::Host, burst))?;
+    let (reader, sink, label) = oxadb_io::tcp_halves(socket)?;
+    let (connection, run) =
+        Connection::start(reader, sink, config(Role::Host, burst), label, Auth::None);
     tokio::spawn(run);
     connection.connected().await?;
     let mut stream = connection.open("sink:").await?;

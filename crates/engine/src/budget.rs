@@ -1,7 +1,7 @@
 //! The memory budget shared by every stream of a process: how many received
 //! bytes the adaptive receive windows may commit, in total.
 //!
-//! Shaped like Linux's `tcp_mem` (seed 003): three levels derived from free
+//! Shaped like Linux's `tcp_mem` (docs/flow-control.md, "Memory budget"): three levels derived from free
 //! memory. Below `comfortable` windows grow freely; between `comfortable`
 //! and `pressure` they stop growing; between `pressure` and `limit` they
 //! shrink linearly towards a one-packet floor; at `limit` no stream is

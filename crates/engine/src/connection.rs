@@ -13,7 +13,9 @@ use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYL
 use thiserror::Error;
 
 use crate::budget::MemoryBudget;
-use crate::credit::{AdaptiveParams, CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT};
+use crate::credit::{
+    AdaptiveParams, CreditMode, CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT,
+};
 use crate::send_queue::SendQueue;
 
 /// Logs a peer's misbehaviour that does not end the connection: at WARN the
@@ -72,7 +74,7 @@ pub struct Config {
     /// every connection of a process.
     pub memory_budget: Option<Arc<MemoryBudget>>,
     /// Adaptive policy: add headroom for data and acknowledgements that
-    /// arrive in clumps (seed 004); off only for ablation runs.
+    /// arrive in clumps (docs/flow-control.md, "Headroom for clumps"); off only for ablation runs.
     pub ack_headroom: bool,
     /// Device role: a host's CNXN is answered only once the driver calls
     /// [`Connection::authorize`] (after checking a signature); until then
@@ -105,6 +107,18 @@ impl Config {
             max_streams: DEFAULT_MAX_STREAMS,
             stalled_stream_timeout: None,
         }
+    }
+
+    /// Applies the flow control `mode` (`--credit`): the banner offers
+    /// `delayed_ack` (last among its features) exactly when the mode is not
+    /// classic, and grants follow the mode's policy. Every role and tool
+    /// chooses its credit mode through here.
+    pub fn set_credit_mode(&mut self, mode: CreditMode) {
+        self.banner.features.retain(|f| f != feature::DELAYED_ACK);
+        if mode.delayed_ack() {
+            self.banner.features.push(feature::DELAYED_ACK.to_string());
+        }
+        self.credit_policy = mode.policy();
     }
 }
 
@@ -253,13 +267,89 @@ pub struct StreamStats {
     pub consume_rate: Option<u64>,
 }
 
+/// Where a connection is in its handshake. Each state holds what exists in
+/// it, so an impossible mix (a peer both online and awaiting auth, a token
+/// with no host to sign it) cannot be written down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Handshake {
+    /// No CNXN from the peer yet (the host's own CNXN is already queued).
+    AwaitingCnxn,
+    /// Device role with [`Config::require_auth`]: the host's CNXN, answered
+    /// only once the host proves it holds a trusted key.
+    AwaitingAuth {
+        peer: Peer,
+        /// The token a signature must sign; one signature each.
+        token: Option<Bytes>,
+    },
+    /// CNXN exchanged: streams may open.
+    Online(Peer),
+}
+
+/// The lifecycle of one stream.
+///
+/// The peer's CLSE or a second CNXN (the peer restarted its side) ends a
+/// stream from the peer's side. A stream it catches before its OPEN was
+/// answered, or while we were closing it, still takes a late answer (OKAY,
+/// accept, CLSE) as it would have before: those are the `*PeerGone` states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StreamState {
     /// We sent OPEN and wait for OKAY or CLSE.
     Opening,
     /// The peer sent OPEN; the application has not answered yet.
     AwaitingAccept,
+    /// Both ways open.
     Open,
+    /// The application closed: queued data goes out, then CLSE.
+    Closing,
+    /// The peer closed (its CLSE, or a second CNXN): what arrived may still
+    /// be read, nothing more is sent.
+    PeerClosed,
+    /// `Opening` when a second CNXN arrived.
+    OpeningPeerGone,
+    /// `AwaitingAccept` when the peer closed it or a second CNXN arrived.
+    AwaitingAcceptPeerGone,
+    /// `Closing` when a second CNXN arrived: a CLSE then ends it silently.
+    ClosingPeerGone,
+}
+
+impl StreamState {
+    /// Whether the OPEN was answered (the peer's OKAY, or our accept).
+    fn answered(self) -> bool {
+        matches!(
+            self,
+            StreamState::Open
+                | StreamState::Closing
+                | StreamState::PeerClosed
+                | StreamState::ClosingPeerGone
+        )
+    }
+
+    /// Whether the peer closed the stream or restarted.
+    fn peer_closed(self) -> bool {
+        matches!(
+            self,
+            StreamState::PeerClosed
+                | StreamState::OpeningPeerGone
+                | StreamState::AwaitingAcceptPeerGone
+                | StreamState::ClosingPeerGone
+        )
+    }
+
+    /// Whether the application closed the stream.
+    fn closing(self) -> bool {
+        matches!(self, StreamState::Closing | StreamState::ClosingPeerGone)
+    }
+
+    /// The state once the peer closed the stream or restarted.
+    fn peer_gone(self) -> StreamState {
+        match self {
+            StreamState::Opening => StreamState::OpeningPeerGone,
+            StreamState::AwaitingAccept => StreamState::AwaitingAcceptPeerGone,
+            StreamState::Closing => StreamState::ClosingPeerGone,
+            StreamState::Open => StreamState::PeerClosed,
+            already => already,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -272,9 +362,8 @@ struct Stream {
     outgoing: SendQueue,
     /// Received, not yet read by the application.
     incoming: VecDeque<Bytes>,
-    peer_closed: bool,
-    /// The application closed; CLSE goes out once `outgoing` is sent.
-    closing: bool,
+    /// `write` refused data for a full send buffer: [`Event::Writable`] is
+    /// owed once it drains (scheduling, not lifecycle).
     writer_blocked: bool,
     /// Whether the stream is in `Connection::sendable` now: a stream appears
     /// there at most once, or streams that receive more OKAYs get more turns
@@ -305,7 +394,7 @@ impl Stream {
         local_id: u32,
         now_ns: u64,
     ) {
-        if self.state != StreamState::Open {
+        if !self.state.answered() {
             return;
         }
         self.note_credit(now_ns);
@@ -344,7 +433,7 @@ impl Stream {
 #[derive(Debug)]
 pub struct Connection {
     config: Config,
-    peer: Option<Peer>,
+    handshake: Handshake,
     streams: HashMap<u32, Stream>,
     next_id: u32,
     control: VecDeque<Packet>,
@@ -354,11 +443,9 @@ pub struct Connection {
     okay_scratch: Vec<Option<i32>>,
     /// Streams we closed while our OPEN was unanswered.
     abandoned_opens: HashSet<u32>,
+    /// Host role: AUTH tokens received on this connection, counting from 1
+    /// (the responder picks a key by it); never reset.
     auth_challenges: u32,
-    /// Device role: a host's CNXN waiting for authentication.
-    pending_peer: Option<Peer>,
-    /// Device role: the token a signature must sign (one signature each).
-    auth_token: Option<Bytes>,
     /// Misbehaviour of the peer logged so far (see `peer_warn!`).
     complaints: u64,
     /// The driver's clock (ns since an arbitrary start), for round trips and
@@ -370,7 +457,7 @@ impl Connection {
     pub fn new(config: Config) -> Connection {
         let mut connection = Connection {
             config,
-            peer: None,
+            handshake: Handshake::AwaitingCnxn,
             streams: HashMap::new(),
             next_id: 1,
             control: VecDeque::new(),
@@ -379,8 +466,6 @@ impl Connection {
             okay_scratch: Vec::new(),
             abandoned_opens: HashSet::new(),
             auth_challenges: 0,
-            pending_peer: None,
-            auth_token: None,
             complaints: 0,
             now_ns: 0,
         };
@@ -412,36 +497,36 @@ impl Connection {
     }
 
     pub fn peer(&self) -> Option<&Peer> {
-        self.peer.as_ref()
+        match &self.handshake {
+            Handshake::Online(peer) => Some(peer),
+            _ => None,
+        }
     }
 
     pub fn is_online(&self) -> bool {
-        self.peer.is_some()
+        self.peer().is_some()
     }
 
     fn delayed_ack(&self) -> bool {
-        self.peer.as_ref().is_some_and(|p| p.delayed_ack)
+        self.peer().is_some_and(|p| p.delayed_ack)
     }
 
     /// Largest payload we accept in the next packet: ours until CNXN, the
     /// negotiated minimum after.
     pub fn max_incoming_payload(&self) -> u32 {
-        self.peer
-            .as_ref()
+        self.peer()
             .map_or(self.config.max_payload, |p| p.max_payload)
     }
 
     fn max_outgoing_payload(&self) -> usize {
-        self.peer
-            .as_ref()
+        self.peer()
             .map_or(self.config.max_payload, |p| p.max_payload) as usize
     }
 
     /// Whether payload checksums are in use: only with a protocol-v1.0 peer, and
     /// before the handshake, when the peer's version is still unknown.
     pub fn checksums(&self) -> bool {
-        self.peer
-            .as_ref()
+        self.peer()
             .is_none_or(|p| p.version < VERSION_SKIP_CHECKSUM)
     }
 
@@ -526,8 +611,6 @@ impl Connection {
             recv: self.new_recv_credit(),
             outgoing: SendQueue::default(),
             incoming: VecDeque::new(),
-            peer_closed: false,
-            closing: false,
             writer_blocked: false,
             in_sendable: false,
             credit_blocked_since: None,
@@ -561,7 +644,7 @@ impl Connection {
             Command::Auth => self.on_auth_as_device(header, payload),
             // STLS only answers a device's STLS, which we never send.
             Command::Stls => Err(ProtocolError::Unsupported(header.command)),
-            command if self.pending_peer.is_some() => Err(ProtocolError::BeforeAuth(command)),
+            command if self.awaiting_auth() => Err(ProtocolError::BeforeAuth(command)),
             command if !self.is_online() => Err(ProtocolError::BeforeHandshake(command)),
             Command::Open => {
                 self.on_open(header, payload);
@@ -605,9 +688,7 @@ impl Connection {
         if self.config.role == Role::Device && self.config.require_auth {
             // A CNXN (even a repeated one: the host restarted) is answered
             // only after the host proves it holds a trusted key.
-            self.peer = None;
-            self.pending_peer = Some(peer);
-            self.auth_token = None;
+            self.handshake = Handshake::AwaitingAuth { peer, token: None };
             self.events.push_back(Event::TokenNeeded);
             return Ok(());
         }
@@ -622,7 +703,7 @@ impl Connection {
             peer.max_payload,
             self.config.banner.encode().into_bytes(),
         );
-        self.peer = Some(peer);
+        self.handshake = Handshake::Online(peer);
         if self.config.role == Role::Device {
             self.control.push_back(reply);
         }
@@ -630,14 +711,13 @@ impl Connection {
     }
 
     fn on_auth_as_device(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
-        if self.is_online() {
-            return Err(ProtocolError::AuthWhenOnline);
-        }
-        if self.pending_peer.is_none() {
-            return Err(ProtocolError::BeforeHandshake(Command::Auth));
-        }
+        let token = match &mut self.handshake {
+            Handshake::Online(_) => return Err(ProtocolError::AuthWhenOnline),
+            Handshake::AwaitingCnxn => return Err(ProtocolError::BeforeHandshake(Command::Auth)),
+            Handshake::AwaitingAuth { token, .. } => token,
+        };
         match header.arg0 {
-            AUTH_SIGNATURE => match self.auth_token.take() {
+            AUTH_SIGNATURE => match token.take() {
                 Some(token) => self.events.push_back(Event::AuthSignature {
                     token,
                     signature: payload,
@@ -655,18 +735,21 @@ impl Connection {
     /// Device role: challenges the host with `token` (fresh random bytes,
     /// [`oxadb_wire`]'s 20-byte AUTH token), replacing any outstanding one.
     pub fn send_auth_token(&mut self, token: Bytes) {
-        if self.pending_peer.is_none() {
+        let Handshake::AwaitingAuth {
+            token: outstanding, ..
+        } = &mut self.handshake
+        else {
             return;
-        }
-        self.auth_token = Some(token.clone());
+        };
+        *outstanding = Some(token.clone());
         self.control
             .push_back(Packet::new(Command::Auth, AUTH_TOKEN, 0, token));
     }
 
     /// Device role: the host is authenticated; answer its CNXN.
     pub fn authorize(&mut self) {
-        if let Some(peer) = self.pending_peer.take() {
-            self.auth_token = None;
+        if let Handshake::AwaitingAuth { peer, .. } = &self.handshake {
+            let peer = peer.clone();
             self.go_online(peer);
         }
     }
@@ -680,7 +763,7 @@ impl Connection {
 
     /// Device role: a host has sent CNXN and not yet authenticated.
     pub fn awaiting_auth(&self) -> bool {
-        self.pending_peer.is_some()
+        matches!(self.handshake, Handshake::AwaitingAuth { .. })
     }
 
     fn on_auth_as_host(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
@@ -710,7 +793,7 @@ impl Connection {
         ids.sort_unstable();
         for id in ids {
             let stream = self.streams.get_mut(&id).expect("listed");
-            stream.peer_closed = true;
+            stream.state = stream.state.peer_gone();
             stream.outgoing.clear();
             self.events.push_back(Event::Closed(StreamId(id)));
         }
@@ -821,14 +904,17 @@ impl Connection {
             );
         }
         match stream.state {
-            StreamState::Opening => {
+            StreamState::Opening | StreamState::OpeningPeerGone => {
                 stream.remote_id = remote_id;
-                stream.state = StreamState::Open;
+                stream.state = match stream.state {
+                    StreamState::Opening => StreamState::Open,
+                    _ => StreamState::PeerClosed,
+                };
                 stream.recv.end_rtt_probe(self.now_ns);
                 stream.send.on_okay(acked);
                 self.events.push_back(Event::Opened(StreamId(local_id)));
             }
-            StreamState::Open if stream.remote_id == remote_id => {
+            state if state.answered() && stream.remote_id == remote_id => {
                 stream.stats.okays_received += 1;
                 stream.send.on_okay(acked);
             }
@@ -863,7 +949,8 @@ impl Connection {
                 id: local_id,
             });
         };
-        if stream.state != StreamState::Open || stream.remote_id != remote_id || stream.peer_closed
+        if !matches!(stream.state, StreamState::Open | StreamState::Closing)
+            || stream.remote_id != remote_id
         {
             peer_warn!(
                 self,
@@ -875,10 +962,10 @@ impl Connection {
         }
         let len = payload.len();
         // A peer that ignores credit would make us buffer without limit.
-        let max_packet =
-            self.peer
-                .as_ref()
-                .map_or(self.config.max_payload, |peer| peer.max_payload) as usize;
+        let max_packet = match &self.handshake {
+            Handshake::Online(peer) => peer.max_payload,
+            _ => self.config.max_payload,
+        } as usize;
         if let Err(detail) = stream.recv.admit(len, max_packet) {
             return Err(ProtocolError::BeyondCredit {
                 id: local_id,
@@ -906,7 +993,7 @@ impl Connection {
         };
         // CLSE(0, id) refuses our OPEN; otherwise the remote id must match.
         match stream.state {
-            StreamState::Opening => {
+            StreamState::Opening | StreamState::OpeningPeerGone => {
                 self.streams.remove(&local_id);
                 self.events.push_back(Event::Refused(StreamId(local_id)));
             }
@@ -920,12 +1007,13 @@ impl Connection {
             }
             _ => {
                 stream.outgoing.clear();
-                stream.peer_closed = true;
-                let reply = (!stream.closing).then(|| {
+                let closing = stream.state.closing();
+                stream.state = stream.state.peer_gone();
+                let reply = (!closing).then(|| {
                     // AOSP answers a CLSE with its own when the local side closes.
                     Packet::new(Command::Clse, local_id, stream.remote_id, Bytes::new())
                 });
-                if stream.closing {
+                if closing {
                     self.streams.remove(&local_id);
                 } else {
                     self.events.push_back(Event::Closed(StreamId(local_id)));
@@ -939,7 +1027,7 @@ impl Connection {
         let Some(stream) = self.streams.get_mut(&local_id) else {
             return;
         };
-        if stream.peer_closed || stream.closing {
+        if stream.state.peer_closed() || stream.state.closing() {
             return;
         }
         self.okay_scratch.clear();
@@ -992,7 +1080,12 @@ impl Connection {
         let delayed = self.delayed_ack();
         let now_ns = self.now_ns;
         let initial_credit = match self.streams.get(&id.0) {
-            Some(stream) if stream.state == StreamState::AwaitingAccept => {
+            Some(stream)
+                if matches!(
+                    stream.state,
+                    StreamState::AwaitingAccept | StreamState::AwaitingAcceptPeerGone
+                ) =>
+            {
                 self.opening_grant(&stream.recv)
             }
             _ => return Err(StreamError::Unknown(id)),
@@ -1004,7 +1097,10 @@ impl Connection {
         // Our OKAY to the opener's first WRTE: the stream's first round trip
         // (an upper bound when the opener has nothing to send yet).
         stream.recv.start_rtt_probe(now_ns);
-        stream.state = StreamState::Open;
+        stream.state = match stream.state {
+            StreamState::AwaitingAccept => StreamState::Open,
+            _ => StreamState::PeerClosed,
+        };
         if !stream.outgoing.is_empty() {
             stream.queue_for_send(&mut self.sendable, id.0);
         }
@@ -1021,7 +1117,12 @@ impl Connection {
     /// Refuses a stream the peer opened.
     pub fn refuse(&mut self, id: StreamId) -> Result<(), StreamError> {
         match self.streams.get(&id.0) {
-            Some(stream) if stream.state == StreamState::AwaitingAccept => {
+            Some(stream)
+                if matches!(
+                    stream.state,
+                    StreamState::AwaitingAccept | StreamState::AwaitingAcceptPeerGone
+                ) =>
+            {
                 let remote_id = stream.remote_id;
                 self.streams.remove(&id.0);
                 self.control
@@ -1040,7 +1141,7 @@ impl Connection {
             .streams
             .get_mut(&id.0)
             .ok_or(StreamError::Unknown(id))?;
-        if stream.peer_closed || stream.closing {
+        if stream.state.peer_closed() || stream.state.closing() {
             return Err(StreamError::Closed(id));
         }
         let room = limit.saturating_sub(stream.outgoing.len());
@@ -1064,7 +1165,7 @@ impl Connection {
             .streams
             .get_mut(&id.0)
             .ok_or(StreamError::Unknown(id))?;
-        if stream.peer_closed || stream.closing {
+        if stream.state.peer_closed() || stream.state.closing() {
             return Err(StreamError::Closed(id));
         }
         if data.is_empty() {
@@ -1086,7 +1187,7 @@ impl Connection {
             .get_mut(&id.0)
             .ok_or(StreamError::Unknown(id))?;
         let Some(front) = stream.incoming.front_mut() else {
-            return Ok(if stream.peer_closed {
+            return Ok(if stream.state.peer_closed() {
                 Read::Eof
             } else {
                 Read::WouldBlock
@@ -1119,7 +1220,9 @@ impl Connection {
 
     /// Whether the peer has closed the stream (or it no longer exists).
     pub fn is_closed(&self, id: StreamId) -> bool {
-        self.streams.get(&id.0).is_none_or(|s| s.peer_closed)
+        self.streams
+            .get(&id.0)
+            .is_none_or(|s| s.state.peer_closed())
     }
 
     /// Closes the stream from our side: queued data is sent first, then CLSE.
@@ -1128,7 +1231,7 @@ impl Connection {
             return;
         };
         match stream.state {
-            _ if stream.peer_closed => {
+            state if state.peer_closed() => {
                 log_stream_closed(id.0, stream);
                 self.streams.remove(&id.0);
             }
@@ -1140,8 +1243,8 @@ impl Connection {
                 self.streams.remove(&id.0);
                 self.abandoned_opens.insert(id.0);
             }
-            StreamState::Open => {
-                stream.closing = true;
+            _ => {
+                stream.state = StreamState::Closing;
                 if stream.outgoing.is_empty() {
                     self.finish_close(id.0);
                 }
@@ -1209,10 +1312,9 @@ impl Connection {
                 continue;
             };
             stream.in_sendable = false;
-            if stream.state != StreamState::Open
+            if !matches!(stream.state, StreamState::Open | StreamState::Closing)
                 || stream.outgoing.is_empty()
                 || !stream.send.can_send()
-                || stream.peer_closed
             {
                 continue;
             }
@@ -1230,7 +1332,7 @@ impl Connection {
                 stream.writer_blocked = false;
                 self.events.push_back(Event::Writable(StreamId(local_id)));
             }
-            if stream.outgoing.is_empty() && stream.closing {
+            if stream.outgoing.is_empty() && stream.state.closing() {
                 self.finish_close(local_id);
             } else if more {
                 // Round robin: the stream goes to the back so others get a turn.

@@ -958,3 +958,22 @@ fn blocked_time_is_charged_to_the_consumer_and_to_credit() {
         "nothing waits after 11 ms"
     );
 }
+
+/// A credit mode decides both what the banner offers and how grants are made.
+#[test]
+fn a_credit_mode_sets_the_banner_and_the_policy_together() {
+    let mut config = config(Role::Host, false);
+    config.set_credit_mode(CreditMode::Aosp);
+    assert_eq!(config.banner.features, ["shell_v2", "delayed_ack"]);
+    assert_eq!(config.credit_policy, CreditPolicy::Aosp);
+    config.set_credit_mode(CreditMode::Adaptive);
+    assert_eq!(config.banner.features, ["shell_v2", "delayed_ack"]);
+    assert_eq!(
+        config.credit_policy,
+        CreditPolicy::Adaptive {
+            max_window: AOSP_INITIAL_CREDIT
+        }
+    );
+    config.set_credit_mode(CreditMode::Classic);
+    assert_eq!(config.banner.features, ["shell_v2"]);
+}

@@ -77,7 +77,8 @@ struct InFlight {
 /// The shape of an endpoint's traffic, logged when it closes: how many
 /// transfers completed per wake-up and how full they were. The link
 /// simulator's usb3 model batches arrivals; these are the numbers to
-/// calibrate that batching from (issue 6).
+/// calibrate that batching from (docs/benchmarks.md, "USB transfer shapes
+/// under dummy_hcd, and the usb3 model").
 #[derive(Debug, Default, Clone, Copy)]
 struct CompletionShape {
     /// Wake-ups that reaped at least one completion.

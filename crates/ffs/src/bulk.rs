@@ -49,7 +49,7 @@ struct Link {
 }
 
 /// The two directions of one ADB connection over USB, for
-/// [`oxadb_io::Connection::start_packets`].
+/// [`oxadb_io::Connection::start`].
 pub fn bulk_pair<O: Endpoint, I: Endpoint>(bulk_out: O, bulk_in: I) -> (BulkOut<O>, BulkIn<I>) {
     let link = Arc::new(Link::default());
     (

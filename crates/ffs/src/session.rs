@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxadb_engine::Config;
-use oxadb_io::{Authenticator, Connection, ConnectionError};
+use oxadb_io::{Auth, Authenticator, Connection, ConnectionError};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -67,14 +67,8 @@ pub async fn serve<G: Gadget>(
         };
         started += 1;
         let (reader, sink) = bulk_pair(bulk_out, bulk_in);
-        let (connection, run) = Connection::start_packets(
-            reader,
-            sink,
-            engine.clone(),
-            "usb",
-            None,
-            authenticator.clone(),
-        );
+        let auth = authenticator.clone().map_or(Auth::None, Auth::Device);
+        let (connection, run) = Connection::start(reader, sink, engine.clone(), "usb", auth);
         tracing::info!(connection = started, "USB connection started");
         let span = tracing::info_span!("usb", connection = started);
         let run = tokio::spawn(run.instrument(span));

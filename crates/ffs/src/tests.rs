@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oxadb_engine::{Config, Role};
-use oxadb_io::{Connection, OutgoingPacket, PacketSink};
+use oxadb_io::{Auth, Connection, OutgoingPacket, PacketSink, StreamSink};
 use oxadb_wire::{feature, Banner, Command, Packet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -219,7 +219,13 @@ fn echo(connection: Connection) {
 async fn host_over(usb: &FakeUsb, seed: u64) -> (Connection, tokio::task::JoinHandle<Vec<String>>) {
     let (stream, checker) = usb.attach_host(512, seed);
     let (reader, writer) = tokio::io::split(stream);
-    let (connection, run) = Connection::start(reader, writer, config(Role::Host), "host");
+    let (connection, run) = Connection::start(
+        reader,
+        StreamSink(writer),
+        config(Role::Host),
+        "host",
+        Auth::None,
+    );
     tokio::spawn(run);
     tokio::time::timeout(Duration::from_secs(10), connection.connected())
         .await
@@ -249,8 +255,7 @@ async fn the_engine_runs_over_usb_transfers() {
     usb.shuffle_completions(42);
     let (bulk_out, bulk_in) = usb.endpoints();
     let (reader, sink) = bulk_pair(bulk_out, bulk_in);
-    let (device, run) =
-        Connection::start_packets(reader, sink, config(Role::Device), "usb", None, None);
+    let (device, run) = Connection::start(reader, sink, config(Role::Device), "usb", Auth::None);
     tokio::spawn(run);
     echo(device.clone());
     let (host, checker) = host_over(&usb, 7).await;

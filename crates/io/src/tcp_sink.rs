@@ -11,13 +11,15 @@
 //! also retried every millisecond (iperf3: 54). See docs/benchmarks.md,
 //! "On an emulated link".
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 
-use crate::{OutgoingPacket, PacketSink, HEADER_LEN};
+use oxadb_wire::HEADER_LEN;
+
+use crate::sink::{batch_slices, OutgoingPacket, PacketSink};
 
 /// First retry after a write found the buffer full: at 1 Gbit/s a
 /// millisecond frees 125 KB, a few percent of a 4 MiB buffer.
@@ -87,26 +89,6 @@ impl PacketSink for TcpSink {
     async fn shutdown(&mut self) {
         let _ = self.stream.shutdown().await;
     }
-}
-
-/// Slices of `packets` after the first `skip` bytes: each packet's header,
-/// then its payload.
-pub(crate) fn batch_slices(packets: &[OutgoingPacket], mut skip: usize) -> Vec<IoSlice<'_>> {
-    let mut slices = Vec::with_capacity(2 * packets.len());
-    for packet in packets {
-        for part in [&packet.header[..], &packet.payload[..]] {
-            if part.is_empty() {
-                continue;
-            }
-            if skip >= part.len() {
-                skip -= part.len();
-                continue;
-            }
-            slices.push(IoSlice::new(&part[skip..]));
-            skip = 0;
-        }
-    }
-    slices
 }
 
 #[cfg(test)]

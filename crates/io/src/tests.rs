@@ -1,8 +1,23 @@
 //! Driver tests: a host engine and a device engine over real loopback TCP.
 
 use super::*;
+use bytes::Bytes;
+use oxadb_engine::{Config, Role};
 use oxadb_wire::{feature, Banner};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// A connection over a TCP stream, no authentication.
+fn start_tcp(
+    socket: TcpStream,
+    config: Config,
+) -> (
+    Connection,
+    impl std::future::Future<Output = ConnectionError>,
+) {
+    let (reader, sink, label) = tcp_halves(socket).unwrap();
+    Connection::start(reader, sink, config, label, Auth::None)
+}
 
 fn config(role: Role, delayed_ack: bool) -> Config {
     let mut banner = Banner::new(if role == Role::Host { "host" } else { "device" });
@@ -19,8 +34,7 @@ async fn echo_device(delayed_ack: bool) -> std::net::SocketAddr {
     tokio::spawn(async move {
         loop {
             let (socket, _) = listener.accept().await.unwrap();
-            let (connection, run) =
-                Connection::start_tcp(socket, config(Role::Device, delayed_ack)).unwrap();
+            let (connection, run) = start_tcp(socket, config(Role::Device, delayed_ack));
             tokio::spawn(run);
             tokio::spawn(async move {
                 while let Some(incoming) = connection.next_incoming().await {
@@ -48,7 +62,7 @@ async fn echo_device(delayed_ack: bool) -> std::net::SocketAddr {
 
 async fn host(addr: std::net::SocketAddr, delayed_ack: bool) -> Connection {
     let socket = TcpStream::connect(addr).await.unwrap();
-    let (connection, run) = Connection::start_tcp(socket, config(Role::Host, delayed_ack)).unwrap();
+    let (connection, run) = start_tcp(socket, config(Role::Host, delayed_ack));
     tokio::spawn(run);
     connection.connected().await.unwrap();
     connection
@@ -136,8 +150,7 @@ async fn whole_chunks_flow_under_credit() {
         let addr = listener.local_addr().unwrap();
         let device = tokio::spawn(async move {
             let (socket, _) = listener.accept().await.unwrap();
-            let (connection, run) =
-                Connection::start_tcp(socket, config(Role::Device, delayed_ack)).unwrap();
+            let (connection, run) = start_tcp(socket, config(Role::Device, delayed_ack));
             tokio::spawn(run);
             let mut stream = connection.next_incoming().await.unwrap().accept();
             for i in 0..chunks {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxadb_engine::{AuthReply, Config, MemoryBudget, Role};
-use oxadb_io::{AdbStream, Connection, Peer};
+use oxadb_io::{AdbStream, Auth, Connection, Peer};
 use oxadb_wire::{feature, Banner};
 
 use crate::error::{Error, Result};
@@ -31,7 +31,7 @@ pub struct ConnectOptions {
     /// from; `None` shares the process-wide one ([`oxadb_io::process_budget`],
     /// sized from available memory like Linux's `tcp_mem`).
     pub memory_budget: Option<Arc<MemoryBudget>>,
-    /// Headroom for clumped deliveries in adaptive windows (seed 004);
+    /// Headroom for clumped deliveries in adaptive windows (docs/flow-control.md, "Headroom for clumps");
     /// switch off only to measure what it brings.
     pub ack_headroom: bool,
 }
@@ -151,8 +151,8 @@ impl Device {
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
         let (auth, key_path) = host_auth(options)?;
-        let (connection, run) =
-            Connection::start_tcp_with_auth(socket, config, auth).map_err(connect_error)?;
+        let (reader, sink, label) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
+        let (connection, run) = Connection::start(reader, sink, config, label, auth);
         tokio::spawn(run);
         handshake(connection, serial, None, key_path, options, wait_for_user).await
     }
@@ -186,8 +186,7 @@ impl Device {
     {
         let config = host_config(options);
         let (auth, key_path) = host_auth(options)?;
-        let (connection, run) =
-            Connection::start_packets(reader, sink, config, device.label(), auth, None);
+        let (connection, run) = Connection::start(reader, sink, config, device.label(), auth);
         tokio::spawn(run);
         handshake(
             connection,
@@ -290,11 +289,8 @@ impl Drop for Device {
 fn host_config(options: &ConnectOptions) -> Config {
     let mut banner = Banner::new("host");
     banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
-    if options.credit.delayed_ack() {
-        banner.features.push(feature::DELAYED_ACK.to_string());
-    }
     let mut config = Config::new(Role::Host, banner);
-    config.credit_policy = options.credit.policy();
+    config.set_credit_mode(options.credit);
     config.memory_budget = Some(
         options
             .memory_budget
@@ -307,13 +303,13 @@ fn host_config(options: &ConnectOptions) -> Config {
 
 /// The AUTH responder for `options` and the public key's path (for the
 /// "unauthorized" message).
-fn host_auth(options: &ConnectOptions) -> Result<(Option<oxadb_io::AuthResponder>, String)> {
+fn host_auth(options: &ConnectOptions) -> Result<(Auth, String)> {
     if !options.authenticate {
-        return Ok((None, String::new()));
+        return Ok((Auth::None, String::new()));
     }
     let keys = oxadb_auth::HostKeys::load_default()?;
     let key_path = keys.public_key_path().display().to_string();
-    Ok((Some(auth_responder(keys)), key_path))
+    Ok((Auth::Host(auth_responder(keys)), key_path))
 }
 
 /// Waits for the CNXN exchange on a started connection, whatever carries it.

@@ -30,7 +30,12 @@ struct Args {
     /// Flow control: classic (one packet in flight, like --no-burst), aosp
     /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
     /// (burst mode, credit grown from the measured rate and round trip).
-    #[arg(long, global = true, value_name = "classic|aosp|adaptive")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "classic|aosp|adaptive",
+        value_parser = oxadb_io::parse_credit_mode
+    )]
     credit: Option<oxadb::CreditMode>,
     /// Receive memory this process's streams may commit together (e.g. 64M)
     /// [default: 3/32 of the available memory, as Linux sizes tcp_mem].

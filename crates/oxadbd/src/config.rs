@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use oxadb_engine::{BudgetLimits, CreditMode};
+use oxadb_engine::{Config, Role};
 use oxadb_wire::{feature, Banner};
 use serde::Deserialize;
 use thiserror::Error;
@@ -92,8 +93,7 @@ impl FileConfig {
     /// The `credit` key, or `classic` for `delayed-ack = false`.
     pub fn credit_mode(&self) -> Result<Option<CreditMode>, ConfigError> {
         if let Some(text) = &self.credit {
-            return text
-                .parse()
+            return oxadb_io::parse_credit_mode(text)
                 .map(Some)
                 .map_err(|message| ConfigError::BadValue {
                     path: self
@@ -159,7 +159,8 @@ pub struct DaemonConfig {
     pub credit: CreditMode,
     /// The levels of the receive-memory budget shared by every stream.
     pub memory_budget: BudgetLimits,
-    /// Headroom for clumped deliveries in adaptive windows (seed 004).
+    /// Headroom for clumped deliveries in adaptive windows (docs/flow-control.md,
+    /// "Headroom for clumps").
     pub ack_headroom: bool,
     /// Host authentication and resource limits.
     pub access: Access,
@@ -337,12 +338,21 @@ impl DaemonConfig {
                 .collect();
             banner.properties.push((key.to_string(), value));
         }
-        let mut features = feature::IMPLEMENTED.to_vec();
-        if self.credit.delayed_ack() {
-            features.push(feature::DELAYED_ACK);
-        }
-        banner.features = features.into_iter().map(str::to_string).collect();
+        banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
         banner
+    }
+
+    /// The engine configuration every connection starts from: the banner,
+    /// the credit mode (which adds `delayed_ack` to the banner unless
+    /// classic) and the limits. The memory budget is the caller's to share.
+    pub fn engine_config(&self) -> Config {
+        let mut engine = Config::new(Role::Device, self.banner());
+        engine.set_credit_mode(self.credit);
+        engine.ack_headroom = self.ack_headroom;
+        engine.require_auth = self.access.require_auth;
+        engine.max_streams = self.access.max_streams;
+        engine.stalled_stream_timeout = self.access.stalled_stream_timeout;
+        engine
     }
 }
 
@@ -518,14 +528,14 @@ mod tests {
             )
             .unwrap(),
         };
-        let banner = Banner::parse(config.banner().encode().as_bytes()).unwrap();
+        let banner = Banner::parse(config.engine_config().banner.encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));
         assert!(banner.has_feature("shell_v2"));
         assert!(banner.has_feature("delayed_ack"));
         config.credit = CreditMode::Aosp;
-        assert!(config.banner().has_feature("delayed_ack"));
+        assert!(config.engine_config().banner.has_feature("delayed_ack"));
         config.credit = CreditMode::Classic;
-        assert!(!config.banner().has_feature("delayed_ack"));
+        assert!(!config.engine_config().banner.has_feature("delayed_ack"));
     }
 
     #[test]

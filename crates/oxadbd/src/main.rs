@@ -60,7 +60,7 @@ struct Args {
     /// Flow control: classic (no burst mode), aosp (burst mode with AOSP's
     /// fixed 32 MiB credit per stream) or adaptive (burst mode, credit grown
     /// from the measured rate and round trip) [default: adaptive].
-    #[arg(long, value_name = "classic|aosp|adaptive")]
+    #[arg(long, value_name = "classic|aosp|adaptive", value_parser = oxadb_io::parse_credit_mode)]
     credit: Option<oxadbd::config::CreditMode>,
     /// Receive memory all streams together may commit (e.g. 64M); windows
     /// stop growing at half of it, shrink above two thirds, and each stream

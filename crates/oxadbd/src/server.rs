@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxadb_engine::{Config, MemoryBudget, Role};
+use oxadb_engine::{Config, MemoryBudget};
 use oxadb_ffs::{FfsError, Gadget};
-use oxadb_io::{Authenticator, Connection, Incoming};
+use oxadb_io::{Auth, Authenticator, Connection, Incoming};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -28,15 +28,10 @@ pub struct Daemon {
 impl Daemon {
     pub fn new(config: DaemonConfig) -> Arc<Daemon> {
         let config = Arc::new(config);
-        // The banner already leaves `delayed_ack` out when it is switched off.
-        let mut engine = Config::new(Role::Device, config.banner());
-        engine.credit_policy = config.credit.policy();
-        // One budget for every connection: the limit is per process (seed 003).
+        let mut engine = config.engine_config();
+        // One budget for every connection: the limit is per process
+        // (docs/flow-control.md, "Memory budget").
         engine.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
-        engine.ack_headroom = config.ack_headroom;
-        engine.require_auth = config.access.require_auth;
-        engine.max_streams = config.access.max_streams;
-        engine.stalled_stream_timeout = config.access.stalled_stream_timeout;
         let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
             Arc::new(KeyAuthenticator::new(
                 config.access.keys.clone(),
@@ -91,17 +86,18 @@ pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::R
             continue;
         };
         keep_alive(&socket);
-        let (connection, run) = match Connection::start_tcp_device(
-            socket,
-            daemon.engine.clone(),
-            daemon.authenticator.clone(),
-        ) {
-            Ok(started) => started,
+        let (reader, sink, label) = match oxadb_io::tcp_halves(socket) {
+            Ok(halves) => halves,
             Err(error) => {
                 tracing::warn!(%peer, %error, "could not set up connection");
                 continue;
             }
         };
+        let auth = daemon
+            .authenticator
+            .clone()
+            .map_or(Auth::None, Auth::Device);
+        let (connection, run) = Connection::start(reader, sink, daemon.engine.clone(), label, auth);
         tracing::info!(%peer, "connection accepted");
         let span = tracing::info_span!("connection", %peer);
         tokio::spawn(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use oxadb_engine::{Config, Role};
 use oxadb_ffs::fake::{FakeGadget, FakeUsb};
 use oxadb_ffs::Event;
-use oxadb_io::Connection;
+use oxadb_io::{Auth, Connection, StreamSink};
 use oxadb_wire::sync as wire;
 use oxadb_wire::Banner;
 use oxadbd::config::{parse_listen, Access, AccessFlags, BudgetLimits, DaemonConfig, FileConfig};
@@ -44,9 +44,10 @@ async fn host_over(usb: &FakeUsb, seed: u64) -> Connection {
     let (reader, writer) = tokio::io::split(stream);
     let (connection, run) = Connection::start(
         reader,
-        writer,
+        StreamSink(writer),
         Config::new(Role::Host, Banner::new("host")),
         "host",
+        Auth::None,
     );
     tokio::spawn(run);
     tokio::time::timeout(Duration::from_secs(10), connection.connected())
@@ -147,9 +148,10 @@ async fn a_usb_host_must_authenticate_when_auth_is_on() {
     // A host without keys: the device challenges it and never lets it in.
     let (connection, run) = Connection::start(
         reader,
-        writer,
+        StreamSink(writer),
         Config::new(Role::Host, Banner::new("host")),
         "host",
+        Auth::None,
     );
     tokio::spawn(run);
     let outcome = tokio::time::timeout(Duration::from_millis(500), connection.connected()).await;

@@ -38,7 +38,8 @@ impl Link {
         }
     }
 
-    /// USB 3 SuperSpeed as ADB sees it, calibrated on seed 000's phone:
+    /// USB 3 SuperSpeed as ADB sees it, calibrated on the phone AOSP measured
+    /// burst mode on (push: 202 MB/s classic, 340 MB/s burst):
     /// 5 Gbit/s signalling carries about 350 MB/s of ADB payload after
     /// 8b/10b coding, bulk-protocol and gadget overheads (burst push reached
     /// 340 MB/s there); each bulk transfer costs tens of microseconds; the
@@ -89,7 +90,7 @@ impl Link {
     /// A long fat pipe: 1 Gbit/s over a 50 ms round trip (the emulated
     /// end-to-end runs use the same), a bandwidth-delay product of 6.25 MB:
     /// three times the adaptive window's two-packet start, so the window
-    /// must grow, and a small budget caps it (seed 003).
+    /// must grow, and a small budget caps it (docs/flow-control.md, "Memory budget").
     pub fn wan_1g() -> Link {
         Link {
             name: "wan-1g",

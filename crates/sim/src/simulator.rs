@@ -10,7 +10,7 @@ use oxadb_engine::{
     BudgetLimits, Config, Connection, CreditMode, Event, MemoryBudget, Read, Role, StreamId,
     StreamStats,
 };
-use oxadb_wire::{feature, Banner, Command, Header, Packet, HEADER_LEN};
+use oxadb_wire::{Banner, Command, Header, Packet, HEADER_LEN};
 
 use crate::link::Wire;
 use crate::scenario::{Consumer, Outcome, Scenario, StreamOutcome, SLOW_TICK_NS};
@@ -154,12 +154,9 @@ struct Simulation<'a> {
 }
 
 fn config(role: Role, scenario: &Scenario, budget: Option<Arc<MemoryBudget>>) -> Config {
-    let mut banner = Banner::new(if role == Role::Host { "host" } else { "device" });
-    if scenario.policy.delayed_ack() {
-        banner.features.push(feature::DELAYED_ACK.into());
-    }
+    let banner = Banner::new(if role == Role::Host { "host" } else { "device" });
     let mut config = Config::new(role, banner);
-    config.credit_policy = scenario.policy.policy();
+    config.set_credit_mode(scenario.policy);
     config.max_payload = scenario.max_payload;
     config.memory_budget = budget;
     config.ack_headroom = scenario.ack_headroom;

@@ -139,7 +139,7 @@ fn a_slow_consumer_sets_the_pace_and_adaptive_memory_follows_it() {
     }
 }
 
-/// Seed 002's rule alone (headroom off on both arms: headroom exists to
+/// The rule of docs/flow-control.md, "When to send an OKAY", alone (headroom off on both arms: headroom exists to
 /// paper over clumped acknowledgements, which is what held updates are).
 #[test]
 fn delayed_window_updates_cripple_the_adaptive_window_on_loopback() {

@@ -183,7 +183,7 @@ impl ReadPlan {
 }
 
 /// The device's bulk IN endpoint as an [`AsyncRead`] byte stream for
-/// [`oxadb_io::Connection::start_packets`].
+/// [`oxadb_io::Connection::start`].
 pub(crate) struct UsbReader<E> {
     endpoint: E,
     plan: ReadPlan,

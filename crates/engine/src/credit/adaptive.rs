@@ -1,152 +1,13 @@
-//! Per-stream credit: how much a sender may put in flight, and when a receiver
-//! returns credit.
-//!
-//! Two modes exist on the wire (see `docs/dev/delayed_ack.md` in AOSP):
-//! - classic: one WRTE in flight per stream; an empty OKAY releases the next one.
-//! - delayed ack ("burst mode"), negotiated by the `delayed_ack` feature on both
-//!   sides: OPEN.arg1 and the first OKAY's i32 payload grant initial credit, every
-//!   later OKAY carries the i32 number of bytes acknowledged, and the sender keeps
-//!   sending while its credit is positive (overshooting by at most one packet).
+//! The adaptive window (the default policy): grown from the measured rate
+//! and round trip, with headroom for clumped deliveries, drawn from the
+//! process's memory budget (`docs/flow-control.md`, "Adaptive credit").
 
 use std::sync::Arc;
 
+use super::headroom::AckHeadroom;
+use super::stall::StallTracker;
+use super::{admit_within, push_okays, Counts, ReceivePolicy};
 use crate::budget::{MemoryBudget, Pressure};
-
-/// AOSP's `INITIAL_DELAYED_ACK_BYTES`: the fixed credit each side grants per stream.
-pub const AOSP_INITIAL_CREDIT: u32 = 32 * 1024 * 1024;
-
-/// What the sender side of a stream may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendCredit {
-    /// Classic: `true` while a WRTE awaits its OKAY.
-    Classic { in_flight: bool },
-    /// Delayed ack: bytes we may still send; may go negative after an overshoot
-    /// or a negative OKAY, which the protocol allows.
-    Delayed { available: i64 },
-}
-
-impl SendCredit {
-    pub fn can_send(&self) -> bool {
-        match *self {
-            SendCredit::Classic { in_flight } => !in_flight,
-            // AOSP keeps reading its source while available > 0, so one packet may overshoot.
-            SendCredit::Delayed { available } => available > 0,
-        }
-    }
-
-    pub fn on_sent(&mut self, bytes: usize) {
-        match self {
-            SendCredit::Classic { in_flight } => *in_flight = true,
-            SendCredit::Delayed { available } => *available -= bytes as i64,
-        }
-    }
-
-    /// Applies an OKAY. `acked` is its payload, present only in delayed-ack mode.
-    pub fn on_okay(&mut self, acked: Option<i32>) {
-        match (self, acked) {
-            (SendCredit::Classic { in_flight }, _) => *in_flight = false,
-            (SendCredit::Delayed { available }, Some(bytes)) => *available += i64::from(bytes),
-            // An empty OKAY in delayed mode grants nothing; AOSP logs and ignores it.
-            (SendCredit::Delayed { .. }, None) => {}
-        }
-    }
-}
-
-/// How a receiver grants credit in delayed-ack mode (the wire only sees OKAY
-/// amounts, so any policy works with any peer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CreditPolicy {
-    /// AOSP burst mode: a fixed grant at open (`Config::initial_credit`),
-    /// returned as soon as bytes are flushed.
-    Aosp,
-    /// A window that starts at two packets and grows to twice the measured
-    /// consumption rate times the round trip, never above `max_window`;
-    /// OKAYs are coalesced unless they unblock the sender or at least double
-    /// its usable credit (`docs/flow-control.md`).
-    Adaptive { max_window: u32 },
-}
-
-/// The flow control one side offers, as chosen by `--credit` and the `credit`
-/// config key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CreditMode {
-    /// No `delayed_ack`: one WRTE in flight per stream.
-    Classic,
-    /// `delayed_ack` with AOSP's fixed 32 MiB credit per stream.
-    Aosp,
-    /// `delayed_ack` with the adaptive window.
-    #[default]
-    Adaptive,
-}
-
-impl CreditMode {
-    /// Whether to advertise `delayed_ack`.
-    pub fn delayed_ack(self) -> bool {
-        self != CreditMode::Classic
-    }
-
-    /// The receiver policy used once `delayed_ack` is negotiated.
-    pub fn policy(self) -> CreditPolicy {
-        match self {
-            CreditMode::Aosp => CreditPolicy::Aosp,
-            CreditMode::Classic | CreditMode::Adaptive => CreditPolicy::Adaptive {
-                max_window: AOSP_INITIAL_CREDIT,
-            },
-        }
-    }
-}
-
-impl std::str::FromStr for CreditMode {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<CreditMode, String> {
-        match text {
-            "classic" => Ok(CreditMode::Classic),
-            "aosp" => Ok(CreditMode::Aosp),
-            "adaptive" => Ok(CreditMode::Adaptive),
-            other => Err(format!(
-                "unknown credit mode '{other}' (expected classic, aosp or adaptive)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for CreditMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CreditMode::Classic => "classic",
-            CreditMode::Aosp => "aosp",
-            CreditMode::Adaptive => "adaptive",
-        })
-    }
-}
-
-/// Receiver-side accounting of one stream.
-#[derive(Debug)]
-pub struct RecvCredit {
-    mode: RecvMode,
-    received: u64,
-    consumed: u64,
-}
-
-#[derive(Debug)]
-enum RecvMode {
-    /// One OKAY per WRTE, sent once the stream's backlog fits `local_buffer`.
-    Classic {
-        local_buffer: usize,
-        owed_okays: u32,
-    },
-    /// Bytes count as "flushed" once they fit in the local buffer or the
-    /// consumer has taken them: AOSP acknowledges after writing to its local
-    /// socket, whose kernel buffer plays that role.
-    Aosp {
-        local_buffer: usize,
-        acked: u64,
-        /// The fixed grant announced at open.
-        initial: u64,
-    },
-    Adaptive(AdaptiveWindow),
-}
 
 /// How an adaptive window is set up (see [`RecvCredit::adaptive`]).
 #[derive(Debug, Clone)]
@@ -160,7 +21,8 @@ pub struct AdaptiveParams {
     pub floor: u64,
     /// The process-wide budget the window draws from beyond its floor.
     pub budget: Option<Arc<MemoryBudget>>,
-    /// Add headroom for clumped deliveries (seed 004).
+    /// Add headroom for clumped deliveries (docs/flow-control.md,
+    /// "Headroom for clumps").
     pub ack_headroom: bool,
 }
 
@@ -194,109 +56,13 @@ pub struct AdaptiveWindow {
     stalls: StallTracker,
 }
 
-/// A consumer that stops reading for a while (a file system flushing, a
-/// process descheduled) and then drains its backlog faster than the link
-/// refills it leaves the link idle for whatever part of the stall the
-/// window did not cover: the simulator's usb3 link with 50 ms stalls ran
-/// at 64% of its rate where AOSP's fixed 32 MiB reached 97%. Linux's
-/// autotuning counts the drained backlog as one round trip's consumption
-/// and doubles the buffer after every stall; we size the window for the
-/// stall measured instead, and only once the consumer has shown it can
-/// catch up (a slow consumer never empties its buffer, and a bigger window
-/// would only hold more of its backlog).
-#[derive(Debug, Clone, Default)]
-struct StallTracker {
-    /// When the consumer last took anything or, if it had taken everything,
-    /// when more arrived (ns), and how much had been received by then.
-    last_read: (u64, u64),
-    /// When the sender ran out of credit (ns) and how much had been received.
-    blocked: Option<(u64, u64)>,
-    /// The window the last stall called for, applied once the consumer
-    /// catches up.
-    pending: u64,
-}
-
 /// Shortest interval over which the consumption rate is measured: shorter
 /// ones see single packets arrive, not a rate.
-const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
+pub(crate) const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
 
-/// Seed 004 (BBR's ACK-aggregation estimate): when data arrives in clumps
-/// (USB completions, Wi-Fi aggregation, a peer that batches OKAYs), a window
-/// of exactly rate x RTT leaves the sender idle between clumps. Track the
-/// bytes delivered beyond what the rate predicts since the current burst
-/// began, keep a windowed maximum, and add it to the window.
-#[derive(Debug, Clone, Default)]
-struct AckHeadroom {
-    epoch_start_ns: u64,
-    epoch_bytes: u64,
-    /// Windowed maximum in two slots of `SLOT_ROUND_TRIPS` each, as BBR keeps
-    /// `extra_acked[2]` over ten round trips.
-    slots: [u64; 2],
-    current: usize,
-    slot_started_ns: u64,
-}
-
-/// Round trips per headroom slot (BBR: `bbr_extra_acked_win_rtts` = 5).
-const SLOT_ROUND_TRIPS: u64 = 5;
-/// The cap on headroom in time at the measured rate (BBR: 100 ms).
-const MAX_HEADROOM_NS: u64 = 100_000_000;
-
-impl AckHeadroom {
-    fn on_delivered(&mut self, bytes: u64, now_ns: u64, rate: u64, rtt_ns: u64, window: u64) {
-        if now_ns.saturating_sub(self.slot_started_ns)
-            >= SLOT_ROUND_TRIPS * rtt_ns.max(MIN_RATE_INTERVAL_NS)
-        {
-            self.current ^= 1;
-            self.slots[self.current] = 0;
-            self.slot_started_ns = now_ns;
-        }
-        let elapsed = now_ns.saturating_sub(self.epoch_start_ns);
-        let mut expected = (rate as u128 * elapsed as u128 / 1_000_000_000) as u64;
-        if self.epoch_bytes <= expected {
-            // Delivery caught up with the rate: a new burst starts here.
-            self.epoch_start_ns = now_ns;
-            self.epoch_bytes = 0;
-            expected = 0;
-        }
-        self.epoch_bytes += bytes;
-        let extra = (self.epoch_bytes - expected).min(window);
-        let slot = &mut self.slots[self.current];
-        *slot = (*slot).max(extra);
-    }
-
-    fn restart_epoch(&mut self, now_ns: u64) {
-        self.epoch_start_ns = now_ns;
-        self.epoch_bytes = 0;
-    }
-
-    /// Capped by the window itself and by rate x 100 ms (seed 004).
-    fn headroom(&self, rate: u64, window: u64) -> u64 {
-        let by_time = (rate as u128 * MAX_HEADROOM_NS as u128 / 1_000_000_000) as u64;
-        self.slots[0].max(self.slots[1]).min(window).min(by_time)
-    }
-}
-
-impl RecvCredit {
-    /// Classic mode (no delayed_ack): stop-and-wait OKAYs.
-    pub fn classic(local_buffer: usize) -> RecvCredit {
-        RecvCredit::with_mode(RecvMode::Classic {
-            local_buffer,
-            owed_okays: 0,
-        })
-    }
-
-    /// AOSP burst mode with the fixed grant `initial` announced at open.
-    pub fn aosp(local_buffer: usize, initial: u64) -> RecvCredit {
-        RecvCredit::with_mode(RecvMode::Aosp {
-            local_buffer,
-            acked: 0,
-            initial,
-        })
-    }
-
-    /// Adaptive window starting at `params.initial` (clamped to the cap and
-    /// to what the budget allows), at time `now_ns`.
-    pub fn adaptive(params: AdaptiveParams, now_ns: u64) -> RecvCredit {
+impl AdaptiveWindow {
+    /// See [`RecvCredit::adaptive`](super::RecvCredit::adaptive).
+    pub(crate) fn new(params: AdaptiveParams, now_ns: u64) -> AdaptiveWindow {
         let floor = params.floor.max(1);
         let max_window = params.max_window.max(floor);
         let mut window = params.initial.clamp(floor, max_window);
@@ -306,7 +72,7 @@ impl RecvCredit {
             reserved = budget.reserve(window - floor);
             window = floor + reserved;
         }
-        RecvCredit::with_mode(RecvMode::Adaptive(AdaptiveWindow {
+        AdaptiveWindow {
             window,
             max_window,
             floor,
@@ -323,236 +89,116 @@ impl RecvCredit {
                 last_read: (now_ns, 0),
                 ..StallTracker::default()
             },
-        }))
-    }
-
-    fn with_mode(mode: RecvMode) -> RecvCredit {
-        RecvCredit {
-            mode,
-            received: 0,
-            consumed: 0,
-        }
-    }
-
-    /// The grant announced at open (OPEN.arg1 or the accepting OKAY), for the
-    /// adaptive window; the other modes use the configured fixed credit.
-    pub fn initial_grant(&self) -> Option<u64> {
-        match &self.mode {
-            RecvMode::Adaptive(adaptive) => Some(adaptive.granted),
-            _ => None,
-        }
-    }
-
-    pub fn buffered(&self) -> usize {
-        (self.received - self.consumed) as usize
-    }
-
-    /// The window grants aim for now (adaptive), for statistics.
-    pub fn window(&self) -> Option<u64> {
-        match &self.mode {
-            RecvMode::Adaptive(adaptive) => Some(adaptive.allowed_window()),
-            _ => None,
-        }
-    }
-
-    /// Granted and not yet consumed (adaptive): the sender may have this much
-    /// in flight, plus the one packet it may overshoot by.
-    pub fn credit_outstanding(&self) -> Option<u64> {
-        match &self.mode {
-            RecvMode::Adaptive(adaptive) => Some(adaptive.granted.saturating_sub(self.consumed)),
-            _ => None,
-        }
-    }
-
-    /// Smallest round trip measured so far (adaptive), in nanoseconds.
-    pub fn min_rtt_ns(&self) -> Option<u64> {
-        match &self.mode {
-            RecvMode::Adaptive(adaptive) => adaptive.min_rtt_ns,
-            _ => None,
-        }
-    }
-
-    /// Last measured consumption rate (adaptive), bytes per second.
-    pub fn rate(&self) -> Option<u64> {
-        match &self.mode {
-            RecvMode::Adaptive(adaptive) => Some(adaptive.rate),
-            _ => None,
-        }
-    }
-
-    /// Starts a round-trip probe, ended by the peer's next OKAY to our OPEN
-    /// or its next WRTE.
-    pub fn start_rtt_probe(&mut self, now_ns: u64) {
-        if let RecvMode::Adaptive(adaptive) = &mut self.mode {
-            adaptive.probe_started_ns = Some(now_ns);
-        }
-    }
-
-    /// Ends a round-trip probe, if one is running.
-    pub fn end_rtt_probe(&mut self, now_ns: u64) {
-        if let RecvMode::Adaptive(adaptive) = &mut self.mode {
-            if let Some(started) = adaptive.probe_started_ns.take() {
-                adaptive.rtt_sample(now_ns.saturating_sub(started));
-            }
-        }
-    }
-
-    /// Whether the peer may send `bytes` more now: classic peers wait for
-    /// our OKAY after each WRTE; delayed-ack peers stay within what we
-    /// granted, overshooting by less than one packet of `max_packet`. `Err`
-    /// says by how much a WRTE broke that.
-    pub fn admit(&self, bytes: usize, max_packet: usize) -> Result<(), String> {
-        let after = self.received + bytes as u64;
-        let granted = match &self.mode {
-            RecvMode::Classic { owed_okays, .. } => {
-                if *owed_okays > 0 {
-                    return Err(format!(
-                        "classic mode, a WRTE before our OKAY for the last one ({} bytes unread)",
-                        self.buffered()
-                    ));
-                }
-                return Ok(());
-            }
-            RecvMode::Aosp { acked, initial, .. } => initial + acked,
-            RecvMode::Adaptive(adaptive) => adaptive.granted,
-        };
-        if after > granted + max_packet as u64 {
-            return Err(format!(
-                "{after} bytes received against {granted} granted (and one {max_packet}-byte packet)"
-            ));
-        }
-        Ok(())
-    }
-
-    pub fn on_received(&mut self, bytes: usize, now_ns: u64) {
-        let backlog = self.buffered() as u64;
-        self.received += bytes as u64;
-        match &mut self.mode {
-            RecvMode::Classic { owed_okays, .. } => *owed_okays += 1,
-            RecvMode::Adaptive(adaptive) => {
-                adaptive.on_delivered(bytes as u64, backlog, now_ns);
-                if backlog == 0 {
-                    // The consumer cannot read what is not there: its wait
-                    // for a read starts now. This packet arrived whole, so
-                    // the rate of what follows leaves it out.
-                    adaptive.stalls.last_read = (now_ns, self.received);
-                }
-                if self.received >= adaptive.granted && adaptive.stalls.blocked.is_none() {
-                    adaptive.stalls.blocked = Some((now_ns, self.received));
-                }
-            }
-            RecvMode::Aosp { .. } => {}
-        }
-        self.end_rtt_probe(now_ns);
-    }
-
-    pub fn on_consumed(&mut self, bytes: usize, now_ns: u64) {
-        let backlog = self.buffered() as u64;
-        self.consumed += bytes as u64;
-        if let RecvMode::Adaptive(adaptive) = &mut self.mode {
-            adaptive.measure_rate(self.consumed, self.received, now_ns);
-            adaptive.consumer_kept_up = self.consumed == self.received;
-            let caught_up = adaptive.consumer_kept_up;
-            adaptive.size_for_stalls(backlog, caught_up, self.received, now_ns);
-            adaptive.release_consumed(self.consumed);
-        }
-    }
-
-    /// Whether the sender has no credit left because our consumer has not
-    /// taken what arrived (the stream waits on the consumer).
-    pub fn withholding(&self) -> bool {
-        match &self.mode {
-            RecvMode::Classic { owed_okays, .. } => *owed_okays > 0,
-            RecvMode::Aosp { acked, initial, .. } => self.received >= initial + acked,
-            RecvMode::Adaptive(adaptive) => self.received >= adaptive.granted,
-        }
-    }
-
-    /// Headroom currently added to the adaptive window (statistics).
-    pub fn headroom(&self) -> Option<u64> {
-        match &self.mode {
-            RecvMode::Adaptive(adaptive) => Some(adaptive.headroom()),
-            _ => None,
-        }
-    }
-
-    /// The OKAYs to send now: `None` entries are classic empty OKAYs, `Some(n)`
-    /// delayed-ack OKAYs carrying `n` acknowledged bytes.
-    pub fn take_okays(&mut self, out: &mut Vec<Option<i32>>, now_ns: u64) {
-        let buffered = self.buffered();
-        match &mut self.mode {
-            RecvMode::Classic {
-                local_buffer,
-                owed_okays,
-            } => {
-                if buffered <= *local_buffer {
-                    out.extend(std::iter::repeat_n(None, *owed_okays as usize));
-                    *owed_okays = 0;
-                }
-            }
-            RecvMode::Aosp {
-                local_buffer,
-                acked,
-                ..
-            } => {
-                // Return what is flushed and not yet returned (AOSP returns
-                // credit per flush); bytes beyond the local buffer wait for
-                // the consumer.
-                let overflow = buffered.saturating_sub(*local_buffer) as u64;
-                let flushed = self.received - overflow;
-                let owed = flushed.saturating_sub(*acked);
-                *acked = (*acked).max(flushed);
-                push_okays(out, owed);
-            }
-            RecvMode::Adaptive(adaptive) => {
-                let desired = self.consumed + adaptive.allowed_window();
-                if desired <= adaptive.granted {
-                    return;
-                }
-                let mut increase = desired - adaptive.granted;
-                // What the sender can still send; negative after its one
-                // allowed overshoot.
-                let usable = adaptive.granted as i64 - self.received as i64;
-                // Seed 002 (smoltcp): coalesce, except an update that
-                // unblocks the sender or at least doubles its usable credit.
-                if usable > 0 && (increase as i64) < usable {
-                    return;
-                }
-                // An update that leaves the sender still blocked (after its
-                // one-packet overshoot, a slow consumer frees a few KiB at a
-                // time) only costs a packet: wait until it unblocks. Without
-                // this a 256 MiB push over a 50 ms WAN into a slow consumer
-                // sent 53,466 OKAYs (classic: 256).
-                if usable + (increase as i64) <= 0 {
-                    return;
-                }
-                // The budget has the last word: beyond the floor, a grant is
-                // only as large as what is left of it.
-                increase = adaptive.reserve_for_grant(increase, self.consumed);
-                if increase == 0 {
-                    return;
-                }
-                if usable <= 0 && adaptive.probe_started_ns.is_none() {
-                    // The sender is waiting for exactly this OKAY: its next
-                    // WRTE times one round trip.
-                    adaptive.probe_started_ns = Some(now_ns);
-                }
-                adaptive.granted += increase;
-                if self.received < adaptive.granted {
-                    adaptive.stalls.blocked = None;
-                }
-                push_okays(out, increase);
-            }
         }
     }
 }
 
-/// OKAY amounts are i32 on the wire.
-fn push_okays(out: &mut Vec<Option<i32>>, mut owed: u64) {
-    while owed > 0 {
-        let chunk = owed.min(i32::MAX as u64);
-        out.push(Some(chunk as i32));
-        owed -= chunk;
+impl ReceivePolicy for AdaptiveWindow {
+    fn admit(&self, counts: Counts, bytes: usize, max_packet: usize) -> Result<(), String> {
+        admit_within(counts, bytes, self.granted, max_packet)
+    }
+
+    fn on_received(&mut self, bytes: usize, backlog: u64, counts: Counts, now_ns: u64) {
+        let adaptive = self;
+        adaptive.on_delivered(bytes as u64, backlog, now_ns);
+        if backlog == 0 {
+            // The consumer cannot read what is not there: its wait
+            // for a read starts now. This packet arrived whole, so
+            // the rate of what follows leaves it out.
+            adaptive.stalls.last_read = (now_ns, counts.received);
+        }
+        if counts.received >= adaptive.granted && adaptive.stalls.blocked.is_none() {
+            adaptive.stalls.blocked = Some((now_ns, counts.received));
+        }
+    }
+
+    fn on_consumed(&mut self, backlog: u64, counts: Counts, now_ns: u64) {
+        let adaptive = self;
+        adaptive.measure_rate(counts.consumed, counts.received, now_ns);
+        adaptive.consumer_kept_up = counts.consumed == counts.received;
+        let caught_up = adaptive.consumer_kept_up;
+        adaptive.size_for_stalls(backlog, caught_up, counts.received, now_ns);
+        adaptive.release_consumed(counts.consumed);
+    }
+
+    fn withholding(&self, counts: Counts) -> bool {
+        counts.received >= self.granted
+    }
+
+    fn take_okays(&mut self, out: &mut Vec<Option<i32>>, counts: Counts, now_ns: u64) {
+        let adaptive = self;
+        let desired = counts.consumed + adaptive.allowed_window();
+        if desired <= adaptive.granted {
+            return;
+        }
+        let mut increase = desired - adaptive.granted;
+        // What the sender can still send; negative after its one
+        // allowed overshoot.
+        let usable = adaptive.granted as i64 - counts.received as i64;
+        // docs/flow-control.md, "When to send an OKAY" (smoltcp): coalesce,
+        // except an update that unblocks the sender or at least doubles its
+        // usable credit.
+        if usable > 0 && (increase as i64) < usable {
+            return;
+        }
+        // An update that leaves the sender still blocked (after its
+        // one-packet overshoot, a slow consumer frees a few KiB at a
+        // time) only costs a packet: wait until it unblocks. Without
+        // this a 256 MiB push over a 50 ms WAN into a slow consumer
+        // sent 53,466 OKAYs (classic: 256).
+        if usable + (increase as i64) <= 0 {
+            return;
+        }
+        // The budget has the last word: beyond the floor, a grant is
+        // only as large as what is left of it.
+        increase = adaptive.reserve_for_grant(increase, counts.consumed);
+        if increase == 0 {
+            return;
+        }
+        if usable <= 0 && adaptive.probe_started_ns.is_none() {
+            // The sender is waiting for exactly this OKAY: its next
+            // WRTE times one round trip.
+            adaptive.probe_started_ns = Some(now_ns);
+        }
+        adaptive.granted += increase;
+        if counts.received < adaptive.granted {
+            adaptive.stalls.blocked = None;
+        }
+        push_okays(out, increase);
+    }
+
+    fn initial_grant(&self) -> Option<u64> {
+        Some(self.granted)
+    }
+
+    fn start_rtt_probe(&mut self, now_ns: u64) {
+        self.probe_started_ns = Some(now_ns);
+    }
+
+    fn end_rtt_probe(&mut self, now_ns: u64) {
+        if let Some(started) = self.probe_started_ns.take() {
+            self.rtt_sample(now_ns.saturating_sub(started));
+        }
+    }
+
+    fn window(&self) -> Option<u64> {
+        Some(self.allowed_window())
+    }
+
+    fn headroom(&self) -> Option<u64> {
+        Some(AdaptiveWindow::headroom(self))
+    }
+
+    fn credit_outstanding(&self, counts: Counts) -> Option<u64> {
+        Some(self.granted.saturating_sub(counts.consumed))
+    }
+
+    fn min_rtt_ns(&self) -> Option<u64> {
+        self.min_rtt_ns
+    }
+
+    fn rate(&self) -> Option<u64> {
+        Some(self.rate)
     }
 }
 
@@ -651,8 +297,9 @@ impl AdaptiveWindow {
         self.grow_to(target.min(u64::MAX as u128) as u64);
     }
 
-    /// Raises the window towards `target`, never above the cap; seed 003:
-    /// above the comfortable level of the budget, windows stop growing.
+    /// Raises the window towards `target`, never above the cap; above the
+    /// comfortable level of the budget, windows stop growing
+    /// (docs/flow-control.md, "Memory budget").
     fn grow_to(&mut self, target: u64) {
         if self
             .budget
@@ -709,7 +356,11 @@ impl Drop for AdaptiveWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
+    use super::AdaptiveParams;
+    use crate::budget::MemoryBudget;
+    use crate::credit::RecvCredit;
 
     /// An adaptive window with no budget and no headroom: the rules alone.
     fn adaptive(initial: u64, max_window: u64) -> RecvCredit {
@@ -723,78 +374,6 @@ mod tests {
             },
             0,
         )
-    }
-
-    #[test]
-    fn classic_sender_is_stop_and_wait() {
-        let mut credit = SendCredit::Classic { in_flight: false };
-        assert!(credit.can_send());
-        credit.on_sent(100);
-        assert!(!credit.can_send());
-        credit.on_okay(None);
-        assert!(credit.can_send());
-    }
-
-    #[test]
-    fn delayed_sender_overshoots_by_one_packet_then_stops() {
-        let mut credit = SendCredit::Delayed { available: 1000 };
-        credit.on_sent(600);
-        assert!(credit.can_send());
-        credit.on_sent(600);
-        assert_eq!(credit, SendCredit::Delayed { available: -200 });
-        assert!(!credit.can_send());
-        credit.on_okay(Some(100));
-        assert!(!credit.can_send());
-        credit.on_okay(Some(101));
-        assert!(credit.can_send());
-        credit.on_okay(Some(-500));
-        assert!(!credit.can_send());
-        credit.on_okay(None);
-        assert_eq!(credit, SendCredit::Delayed { available: -499 });
-    }
-
-    #[test]
-    fn classic_receiver_acks_each_packet_once_buffered_fits() {
-        let mut credit = RecvCredit::classic(100);
-        let mut out = Vec::new();
-        credit.on_received(60, 0);
-        credit.take_okays(&mut out, 0);
-        assert_eq!(out, vec![None]);
-        out.clear();
-        credit.on_received(60, 0);
-        credit.take_okays(&mut out, 0);
-        assert!(
-            out.is_empty(),
-            "120 bytes buffered exceed the 100-byte local buffer"
-        );
-        credit.on_consumed(60, 0);
-        credit.take_okays(&mut out, 0);
-        assert_eq!(out, vec![None]);
-    }
-
-    #[test]
-    fn delayed_receiver_returns_flushed_bytes() {
-        let mut credit = RecvCredit::aosp(100, 1 << 20);
-        let mut out = Vec::new();
-        credit.on_received(80, 0);
-        credit.take_okays(&mut out, 0);
-        assert_eq!(out, vec![Some(80)]);
-        out.clear();
-        credit.on_received(50, 0);
-        credit.on_received(50, 0);
-        credit.take_okays(&mut out, 0);
-        assert_eq!(
-            out,
-            vec![Some(20)],
-            "only what fits the 100-byte buffer is flushed"
-        );
-        out.clear();
-        credit.on_consumed(100, 0);
-        credit.take_okays(&mut out, 0);
-        assert_eq!(out, vec![Some(80)]);
-        out.clear();
-        credit.take_okays(&mut out, 0);
-        assert!(out.is_empty(), "nothing new to return");
     }
 
     const MS: u64 = 1_000_000;
@@ -962,7 +541,7 @@ mod tests {
         };
         let (steady, clumped) = (run(false), run(true));
         // The measured window is 2 x 100 MB/s x 1 ms = 200 kB, which also
-        // caps the headroom (seed 004: never more than the window itself).
+        // caps the headroom (docs/flow-control.md, "Headroom for clumps": never more than the window).
         assert!(steady <= 20_000, "steady arrivals earned {steady}");
         assert_eq!(clumped, 200_000, "clumps of 800 kB earned {clumped}");
     }
@@ -1043,7 +622,7 @@ mod tests {
         );
     }
 
-    /// Property (seed 002): after `take_okays`, no update that would unblock
+    /// Property (docs/flow-control.md, "When to send an OKAY"): after `take_okays`, no update that would unblock
     /// the sender or at least double its usable credit is left pending,
     /// whatever the order of arrivals, reads and clock, with or without
     /// headroom. 2000 seeded runs of 300 random steps.

@@ -1,0 +1,106 @@
+//! Authentication, both roles: a host answers a device's AUTH tokens with an
+//! [`AuthResponder`]; a device lets hosts in through an [`Authenticator`].
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use oxadb_engine::AuthReply;
+
+use crate::driver::State;
+
+/// Who authenticates on a connection, given to [`Connection::start`](crate::Connection::start).
+pub enum Auth {
+    /// Nobody: a device without [`Config::require_auth`](oxadb_engine::Config),
+    /// or a host with nothing to answer AUTH tokens with.
+    None,
+    /// Host role: answers the device's AUTH tokens.
+    Host(AuthResponder),
+    /// Device role with [`Config::require_auth`](oxadb_engine::Config): lets
+    /// hosts in.
+    Device(Arc<dyn Authenticator>),
+}
+
+/// Answers a device's AUTH token (host role): `Some(reply)` to send, `None` to
+/// stay silent (waiting for the user to accept the key on the device).
+pub type AuthResponder = Box<dyn FnMut(&[u8], u32) -> Option<AuthReply> + Send>;
+
+/// Device role: decides who may connect (`oxadbd --auth`). Called with the
+/// connection's engine locked, so each call must be quick (an RSA-2048
+/// verification is about 50 us).
+pub trait Authenticator: Send + Sync {
+    /// A fresh, unpredictable token (20 bytes, as adbd sends).
+    fn token(&self) -> Bytes;
+    /// Whether `signature` signs `token` with a trusted key.
+    fn verify(&self, peer: &str, token: &[u8], signature: &[u8]) -> bool;
+    /// The host offers `key` (adb's base64 public key text, NUL-terminated)
+    /// after its signatures failed: whether to trust it without proof.
+    fn offer_key(&self, peer: &str, key: &[u8]) -> bool;
+    /// How long to wait before the next token after `failures` refused
+    /// signatures on this connection (rate-limits guessing).
+    fn retry_delay(&self, failures: u32) -> std::time::Duration;
+}
+
+impl State {
+    /// Host role: the device sent its `attempt`th token.
+    pub(crate) fn answer_challenge(&mut self, token: &[u8], attempt: u32) {
+        let reply = match &mut self.auth {
+            Auth::Host(respond) => respond(token, attempt),
+            _ => None,
+        };
+        // Once our public key is offered (or nothing is left to
+        // offer) only the device's user can let us in.
+        self.awaiting_user = !matches!(reply, Some(AuthReply::Signature(_)));
+        if let Some(reply) = reply {
+            self.engine.send_auth(reply);
+        }
+    }
+
+    /// Device role: the host signed `token`.
+    pub(crate) fn check_signature(&mut self, token: &[u8], signature: &[u8]) {
+        let peer = self.label.clone();
+        let trusted = self
+            .authenticator()
+            .is_some_and(|auth| auth.verify(&peer, token, signature));
+        if trusted {
+            self.engine.authorize();
+        } else {
+            self.auth_failures += 1;
+            let delay = self
+                .authenticator()
+                .map_or(std::time::Duration::ZERO, |auth| {
+                    auth.retry_delay(self.auth_failures)
+                });
+            if delay.is_zero() {
+                self.send_token();
+            } else {
+                self.token_delay = Some(delay);
+            }
+        }
+    }
+
+    /// Device role: the host offers its public key.
+    pub(crate) fn consider_key(&mut self, key: &[u8]) {
+        let peer = self.label.clone();
+        if self
+            .authenticator()
+            .is_some_and(|auth| auth.offer_key(&peer, key))
+        {
+            self.engine.authorize();
+        }
+    }
+
+    /// Device role: challenges the host with a fresh token.
+    pub(crate) fn send_token(&mut self) {
+        if let Some(auth) = self.authenticator() {
+            let token: Bytes = auth.token();
+            self.engine.send_auth_token(token);
+        }
+    }
+
+    fn authenticator(&self) -> Option<&Arc<dyn Authenticator>> {
+        match &self.auth {
+            Auth::Device(authenticator) => Some(authenticator),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The [`Connection`] handle: one constructor, [`Connection::start`], for
+//! every transport and role; and [`Incoming`], a stream the peer opens.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+use oxadb_engine::{Config, Peer, Role, StreamId};
+use tokio::io::AsyncRead;
+use tokio::sync::Notify;
+
+use crate::auth::Auth;
+use crate::driver::{read_loop, sweep_stalled, write_loop, Shared, State, StreamWakers};
+use crate::sink::PacketSink;
+use crate::stream::AdbStream;
+use crate::tcp_sink::TcpSink;
+use crate::ConnectionError;
+
+/// A running connection. Cheap to clone; the connection ends when the peer
+/// goes away, on a protocol error, or when [`Connection::close`] is called.
+#[derive(Clone)]
+pub struct Connection {
+    shared: Arc<Shared>,
+}
+
+/// A stream the peer asked to open, waiting for [`Incoming::accept`] or [`Incoming::refuse`].
+pub struct Incoming {
+    shared: Arc<Shared>,
+    id: StreamId,
+    service: String,
+    answered: bool,
+}
+
+impl Incoming {
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    pub fn accept(mut self) -> AdbStream {
+        self.answered = true;
+        let mut state = self.shared.lock();
+        state.streams.entry(self.id).or_default();
+        // Can only fail if the connection was reset meanwhile; the stream then reads EOF.
+        let _ = state.engine.accept(self.id);
+        self.shared.after_engine_call(&mut state);
+        drop(state);
+        AdbStream {
+            shared: self.shared.clone(),
+            id: self.id,
+        }
+    }
+
+    pub fn refuse(mut self) {
+        self.answered = true;
+        let mut state = self.shared.lock();
+        let _ = state.engine.refuse(self.id);
+        self.shared.after_engine_call(&mut state);
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if !self.answered {
+            let mut state = self.shared.lock();
+            let _ = state.engine.refuse(self.id);
+            self.shared.after_engine_call(&mut state);
+        }
+    }
+}
+
+impl Connection {
+    /// Starts driving `config`'s engine: bytes come in through `reader` (a
+    /// byte stream, even over USB, where the device's bulk-out transfers are
+    /// read back to back) and packets go out through `sink` ([`StreamSink`]
+    /// around any byte writer; [`tcp_halves`] makes both of a TCP stream).
+    /// `label` names the peer in logs. `auth` says who authenticates: the host
+    /// answering a device's AUTH tokens, or the device letting hosts in
+    /// (with `config.require_auth`). Returns the handle and a future that
+    /// completes when the connection ends (spawn it).
+    pub fn start<R, S>(
+        reader: R,
+        sink: S,
+        config: Config,
+        label: impl Into<String>,
+        auth: Auth,
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        S: PacketSink,
+    {
+        let label = label.into();
+        let engine = oxadb_engine::Connection::new(config);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                engine,
+                auth,
+                auth_failures: 0,
+                label: label.clone(),
+                token_delay: None,
+                awaiting_user: false,
+                streams: HashMap::new(),
+                incoming: VecDeque::new(),
+                incoming_waker: None,
+                connected_waker: None,
+                closed: None,
+            }),
+            transmit: Notify::new(),
+            close_requested: Notify::new(),
+            drained: Notify::new(),
+            label,
+            epoch: std::time::Instant::now(),
+        });
+        if shared.lock().engine.has_transmit() {
+            shared.transmit.notify_one();
+        }
+        let connection = Connection {
+            shared: shared.clone(),
+        };
+        let stalled_timeout = shared.lock().engine.config().stalled_stream_timeout;
+        let run = async move {
+            let writer_task = tokio::spawn(write_loop(shared.clone(), sink));
+            let sweeper =
+                stalled_timeout.map(|limit| tokio::spawn(sweep_stalled(shared.clone(), limit)));
+            let error = tokio::select! {
+                error = read_loop(&shared, reader) => error,
+                _ = shared.close_requested.notified() => ConnectionError::Closed,
+            };
+            let error = {
+                let mut state = shared.lock();
+                state.shut(error);
+                state.closed.clone().expect("just set")
+            };
+            if let Some(sweeper) = sweeper {
+                sweeper.abort();
+            }
+            // Wake the writer so it sees `closed` and exits, dropping the socket.
+            shared.transmit.notify_one();
+            let _ = writer_task.await;
+            error
+        };
+        (connection, run)
+    }
+
+    /// Device role: the host sent CNXN and has not authenticated yet.
+    pub fn awaiting_auth(&self) -> bool {
+        self.shared.lock().engine.awaiting_auth()
+    }
+
+    /// Whether the device refused our keys and waits for its user to accept ours.
+    pub fn awaiting_authorization(&self) -> bool {
+        self.shared.lock().awaiting_user
+    }
+
+    /// Who the peer is (its address), for logs.
+    pub fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    pub fn role(&self) -> Role {
+        self.shared.lock().engine.role()
+    }
+
+    /// The peer's banner and the negotiated parameters, once connected.
+    pub fn peer(&self) -> Option<Peer> {
+        self.shared.lock().engine.peer().cloned()
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn closed(&self) -> Option<ConnectionError> {
+        self.shared.lock().closed.clone()
+    }
+
+    /// Waits for the CNXN exchange to complete.
+    pub async fn connected(&self) -> Result<Peer, ConnectionError> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some(peer) = state.engine.peer() {
+                return Poll::Ready(Ok(peer.clone()));
+            }
+            if let Some(error) = &state.closed {
+                return Poll::Ready(Err(error.clone()));
+            }
+            state.connected_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The next stream the peer wants to open; `None` once the connection ended.
+    pub async fn next_incoming(&self) -> Option<Incoming> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some((id, service)) = state.incoming.pop_front() {
+                return Poll::Ready(Some(Incoming {
+                    shared: self.shared.clone(),
+                    id,
+                    service,
+                    answered: false,
+                }));
+            }
+            if state.closed.is_some() {
+                return Poll::Ready(None);
+            }
+            state.incoming_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Opens a stream to `service` and waits for the peer to accept it.
+    pub async fn open(&self, service: &str) -> io::Result<AdbStream> {
+        let id = {
+            let mut state = self.shared.lock();
+            let id = state
+                .engine
+                .open(service)
+                .map_err(|e| io::Error::new(io::ErrorKind::NotConnected, e))?;
+            state.streams.insert(id, StreamWakers::default());
+            self.shared.after_engine_call(&mut state);
+            id
+        };
+        // From here the stream handle owns the id: dropping it closes the stream.
+        let stream = AdbStream {
+            shared: self.shared.clone(),
+            id,
+        };
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            let closed = state.closed.clone();
+            let wakers = state.streams.entry(id).or_default();
+            match wakers.opened {
+                Some(true) => Poll::Ready(Ok(())),
+                Some(false) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!("device refused to open service {service:?}"),
+                ))),
+                None => match closed {
+                    Some(error) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("opening {service:?}: {error}"),
+                    ))),
+                    None => {
+                        wakers.open = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                },
+            }
+        })
+        .await?;
+        Ok(stream)
+    }
+
+    /// Ends the connection: the socket is closed and every stream sees EOF.
+    pub fn close(&self) {
+        let mut state = self.shared.lock();
+        state.shut(ConnectionError::Closed);
+        self.shared.transmit.notify_one();
+        self.shared.close_requested.notify_one();
+    }
+}
+
+/// A TCP stream ready for [`Connection::start`]: its read half, its write
+/// half as a [`TcpSink`] and its peer's address (the label), with Nagle
+/// off: ADB's OKAYs are tiny and latency-bound.
+pub fn tcp_halves(
+    stream: tokio::net::TcpStream,
+) -> io::Result<(tokio::net::tcp::OwnedReadHalf, TcpSink, String)> {
+    stream.set_nodelay(true)?;
+    let label = stream.peer_addr()?.to_string();
+    let (reader, writer) = stream.into_split();
+    Ok((reader, TcpSink::new(writer), label))
+}

@@ -1,0 +1,83 @@
+//! Where the writer task puts packets: [`PacketSink`], and [`StreamSink`]
+//! for byte streams, which writes a batch with as few writev calls as it can.
+
+use std::io::{self, IoSlice};
+
+use bytes::Bytes;
+use oxadb_wire::HEADER_LEN;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// One packet ready for the wire: its encoded header and its payload.
+pub struct OutgoingPacket {
+    pub header: [u8; HEADER_LEN],
+    pub payload: Bytes,
+}
+
+/// Where the writer task puts packets. A byte stream takes a whole batch in
+/// one writev ([`StreamSink`]); USB keeps each header and each payload a
+/// transfer of its own, because the host reads exactly 24 bytes for a header
+/// and then exactly the payload (AOSP `docs/dev/zero_length_packet.md`).
+pub trait PacketSink: Send + 'static {
+    /// Writes every packet of `batch`, in order, and empties it.
+    fn write_packets<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<OutgoingPacket>,
+    ) -> impl std::future::Future<Output = io::Result<()>> + Send + 'a;
+
+    /// The connection ended: flush and close what can be.
+    fn shutdown(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
+}
+
+/// A [`PacketSink`] over any byte stream (TCP, a pipe): packets are bytes in a row.
+pub struct StreamSink<W>(pub W);
+
+impl<W: AsyncWrite + Unpin + Send + 'static> PacketSink for StreamSink<W> {
+    async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
+        write_all_vectored(&mut self.0, batch).await
+    }
+
+    async fn shutdown(&mut self) {
+        let _ = self.0.shutdown().await;
+    }
+}
+
+/// Writes `batch` with as few writev calls as the writer allows.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    batch: &mut Vec<OutgoingPacket>,
+) -> io::Result<()> {
+    // Each packet is up to two slices: its header, then its payload; `done`
+    // counts bytes of the batch already written.
+    let mut done = 0usize;
+    let total: usize = batch.iter().map(|p| HEADER_LEN + p.payload.len()).sum();
+    while done < total {
+        let slices = batch_slices(batch, done);
+        let written = writer.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += written;
+    }
+    batch.clear();
+    Ok(())
+}
+
+/// Slices of `packets` after the first `skip` bytes: each packet's header,
+/// then its payload.
+pub(crate) fn batch_slices(packets: &[OutgoingPacket], mut skip: usize) -> Vec<IoSlice<'_>> {
+    let mut slices = Vec::with_capacity(2 * packets.len());
+    for packet in packets {
+        for part in [&packet.header[..], &packet.payload[..]] {
+            if part.is_empty() {
+                continue;
+            }
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&part[skip..]));
+            skip = 0;
+        }
+    }
+    slices
+}

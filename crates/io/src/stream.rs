@@ -1,0 +1,175 @@
+//! [`AdbStream`], one ADB stream as `AsyncRead + AsyncWrite`, and
+//! [`WriteChunk`], for writers that take owned chunks without copying.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use oxadb_engine::{Read, StreamId, StreamStats};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::driver::Shared;
+
+/// One ADB stream. Reads return what the peer sent (EOF once it closed the
+/// stream); writes queue data for WRTE packets under the stream's credit;
+/// shutdown or drop closes the stream (ADB has no half-close).
+pub struct AdbStream {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: StreamId,
+}
+
+impl AdbStream {
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// The stream's counters so far.
+    pub fn stats(&self) -> Option<StreamStats> {
+        self.shared.lock().engine.stream_stats(self.id)
+    }
+
+    /// Reads the next received chunk without copying it; `None` at EOF.
+    pub async fn read_chunk(&mut self, max: usize) -> io::Result<Option<Bytes>> {
+        std::future::poll_fn(|cx| self.poll_read_chunk(cx, max)).await
+    }
+
+    fn poll_read_chunk(&self, cx: &mut Context<'_>, max: usize) -> Poll<io::Result<Option<Bytes>>> {
+        let mut state = self.shared.lock();
+        match state.engine.read(self.id, max) {
+            Ok(Read::Data(chunk)) => {
+                self.shared.after_engine_call(&mut state);
+                Poll::Ready(Ok(Some(chunk)))
+            }
+            Ok(Read::Eof) | Err(_) => Poll::Ready(Ok(None)),
+            Ok(Read::WouldBlock) => {
+                if state.closed.is_some() {
+                    return Poll::Ready(Ok(None));
+                }
+                if let Some(wakers) = state.streams.get_mut(&self.id) {
+                    wakers.read = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A writer that can take owned chunks without copying them; the sync
+/// service uses it so file data read into a buffer goes out as the WRTE
+/// payload itself.
+pub trait WriteChunk: AsyncWrite + Unpin {
+    fn write_chunk(
+        &mut self,
+        data: Bytes,
+    ) -> impl std::future::Future<Output = io::Result<()>> + Send;
+}
+
+impl WriteChunk for AdbStream {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        let mut data = Some(data);
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some(error) = &state.closed {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    format!("{}: connection ended: {error}", self.id),
+                )));
+            }
+            if !state.engine.is_writable(self.id) && !state.engine.is_closed(self.id) {
+                if let Some(wakers) = state.streams.get_mut(&self.id) {
+                    wakers.write = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            let chunk = data.take().expect("polled after completion");
+            match state.engine.write_bytes(self.id, chunk) {
+                Ok(()) => {
+                    self.shared.after_engine_call(&mut state);
+                    Poll::Ready(Ok(()))
+                }
+                Err(error) => Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, error))),
+            }
+        })
+        .await
+    }
+}
+
+/// In-memory pipes (tests) take chunks by copying them.
+impl WriteChunk for tokio::io::DuplexStream {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.write_all(&data).await
+    }
+}
+
+impl AsyncRead for AdbStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        match self.poll_read_chunk(cx, buf.remaining()) {
+            Poll::Ready(Ok(Some(chunk))) => {
+                buf.put_slice(&chunk);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Ok(None)) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncWrite for AdbStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut state = self.shared.lock();
+        if let Some(error) = &state.closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                format!("{}: connection ended: {error}", self.id),
+            )));
+        }
+        match state.engine.write(self.id, data) {
+            Ok(0) if !data.is_empty() => {
+                if let Some(wakers) = state.streams.get_mut(&self.id) {
+                    wakers.write = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Ok(n) => {
+                self.shared.after_engine_call(&mut state);
+                Poll::Ready(Ok(n))
+            }
+            Err(error) => Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, error))),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Queued data goes out under credit on its own; nothing to wait for.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut state = self.shared.lock();
+        state.engine.close(self.id);
+        self.shared.after_engine_call(&mut state);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for AdbStream {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.engine.close(self.id);
+        state.streams.remove(&self.id);
+        self.shared.after_engine_call(&mut state);
+    }
+}

@@ -76,6 +76,9 @@ pub struct Config {
     /// Adaptive policy: add headroom for data and acknowledgements that
     /// arrive in clumps (docs/flow-control.md, "Headroom for clumps"); off only for ablation runs.
     pub ack_headroom: bool,
+    /// Adaptive policy: ramp the window like TCP's slow start while the rate
+    /// grows (`credit/slow_start.rs`); off only for ablation runs.
+    pub slow_start: bool,
     /// Device role: a host's CNXN is answered only once the driver calls
     /// [`Connection::authorize`] (after checking a signature); until then
     /// nothing but CNXN and AUTH is accepted.
@@ -103,6 +106,7 @@ impl Config {
             send_buffer: MAX_PAYLOAD as usize,
             memory_budget: None,
             ack_headroom: true,
+            slow_start: true,
             require_auth: false,
             max_streams: DEFAULT_MAX_STREAMS,
             stalled_stream_timeout: None,
@@ -589,6 +593,7 @@ impl Connection {
                     floor: packet,
                     budget: self.config.memory_budget.clone(),
                     ack_headroom: self.config.ack_headroom,
+                    slow_start: self.config.slow_start,
                 };
                 RecvCredit::adaptive(params, self.now_ns)
             }

@@ -73,6 +73,8 @@ pub struct Scenario {
     pub budget_limit: Option<u64>,
     /// [`oxadb_engine::Config::ack_headroom`] on both sides.
     pub ack_headroom: bool,
+    /// [`oxadb_engine::Config::slow_start`] on both sides.
+    pub slow_start: bool,
     /// Hold the device's window updates (every OKAY after the one accepting a
     /// stream) until the next tick of a delayed-ack timer of this period.
     pub delayed_updates: Option<u64>,
@@ -101,6 +103,7 @@ impl Scenario {
             streams: 1,
             budget_limit: None,
             ack_headroom: true,
+            slow_start: true,
             delayed_updates: None,
             max_payload: MAX_PAYLOAD,
             sender_queue_limit: None,

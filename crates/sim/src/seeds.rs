@@ -30,6 +30,13 @@ pub fn seed_cases(size: u64) -> Vec<SeedCase> {
         scenario.ack_headroom = false;
         scenario
     };
+    // The OKAY rule alone: no headroom, and no ramp (which grows the window
+    // from what the consumer took, held updates or not).
+    let rule_alone = |mut scenario: Scenario| {
+        scenario.ack_headroom = false;
+        scenario.slow_start = false;
+        scenario
+    };
     let budget = |mut scenario: Scenario, limit: u64| {
         scenario.budget_limit = Some(limit);
         scenario
@@ -43,9 +50,9 @@ pub fn seed_cases(size: u64) -> Vec<SeedCase> {
         },
         SeedCase {
             seed: "002",
-            what: "updates sent at once vs held for a 10 ms timer, loopback, headroom off",
-            with: no_headroom(fast(Link::loopback(), CreditMode::Adaptive)),
-            without: held(no_headroom(fast(Link::loopback(), CreditMode::Adaptive))),
+            what: "updates sent at once vs held for a 10 ms timer, loopback, headroom and ramp off",
+            with: rule_alone(fast(Link::loopback(), CreditMode::Adaptive)),
+            without: held(rule_alone(fast(Link::loopback(), CreditMode::Adaptive))),
         },
         SeedCase {
             seed: "003",

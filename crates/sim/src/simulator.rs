@@ -160,6 +160,7 @@ fn config(role: Role, scenario: &Scenario, budget: Option<Arc<MemoryBudget>>) ->
     config.max_payload = scenario.max_payload;
     config.memory_budget = budget;
     config.ack_headroom = scenario.ack_headroom;
+    config.slow_start = scenario.slow_start;
     config
 }
 

@@ -140,7 +140,8 @@ fn a_slow_consumer_sets_the_pace_and_adaptive_memory_follows_it() {
 }
 
 /// The rule of docs/flow-control.md, "When to send an OKAY", alone (headroom off on both arms: headroom exists to
-/// paper over clumped acknowledgements, which is what held updates are).
+/// paper over clumped acknowledgements, which is what held updates are; the ramp off too: it grows the window
+/// from what the consumer took, whenever the updates go out).
 #[test]
 fn delayed_window_updates_cripple_the_adaptive_window_on_loopback() {
     let mut base = Scenario::new(
@@ -150,6 +151,7 @@ fn delayed_window_updates_cripple_the_adaptive_window_on_loopback() {
         128 * MIB,
     );
     base.ack_headroom = false;
+    base.slow_start = false;
     let mut delayed = base.clone();
     delayed.delayed_updates = Some(10 * MS);
     let prompt = run(&base);

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::headroom::AckHeadroom;
+use super::slow_start::SlowStart;
 use super::stall::StallTracker;
 use super::{admit_within, push_okays, Counts, ReceivePolicy};
 use crate::budget::{MemoryBudget, Pressure};
@@ -24,6 +25,8 @@ pub struct AdaptiveParams {
     /// Add headroom for clumped deliveries (docs/flow-control.md,
     /// "Headroom for clumps").
     pub ack_headroom: bool,
+    /// Ramp like TCP's slow start while the rate grows ([`SlowStart`]).
+    pub slow_start: bool,
 }
 
 /// The adaptive receive window of one stream.
@@ -54,6 +57,8 @@ pub struct AdaptiveWindow {
     rate: u64,
     /// Consumer stalls (see [`StallTracker`]).
     stalls: StallTracker,
+    /// The ramp while the rate grows (see [`SlowStart`]).
+    ramp: SlowStart,
 }
 
 /// Shortest interval over which the consumption rate is measured: shorter
@@ -89,6 +94,7 @@ impl AdaptiveWindow {
                 last_read: (now_ns, 0),
                 ..StallTracker::default()
             },
+            ramp: SlowStart::new(params.slow_start, now_ns),
         }
     }
 }
@@ -110,6 +116,9 @@ impl ReceivePolicy for AdaptiveWindow {
         if counts.received >= adaptive.granted && adaptive.stalls.blocked.is_none() {
             adaptive.stalls.blocked = Some((now_ns, counts.received));
         }
+        if let Some(rtt) = adaptive.min_rtt_ns {
+            adaptive.ramp.on_received(counts.received, now_ns, rtt);
+        }
     }
 
     fn on_consumed(&mut self, backlog: u64, counts: Counts, now_ns: u64) {
@@ -117,6 +126,14 @@ impl ReceivePolicy for AdaptiveWindow {
         adaptive.measure_rate(counts.consumed, counts.received, now_ns);
         adaptive.consumer_kept_up = counts.consumed == counts.received;
         let caught_up = adaptive.consumer_kept_up;
+        // More than a packet waiting: the consumer, not the window, sets the
+        // pace from here (TCP's slow start ends at its first loss).
+        if counts.received - counts.consumed > adaptive.floor {
+            adaptive.ramp.end();
+        }
+        if let Some(target) = adaptive.ramp.on_consumed(caught_up) {
+            adaptive.grow_to(target);
+        }
         adaptive.size_for_stalls(backlog, caught_up, counts.received, now_ns);
         adaptive.release_consumed(counts.consumed);
     }
@@ -137,8 +154,10 @@ impl ReceivePolicy for AdaptiveWindow {
         let usable = adaptive.granted as i64 - counts.received as i64;
         // docs/flow-control.md, "When to send an OKAY" (smoltcp): coalesce,
         // except an update that unblocks the sender or at least doubles its
-        // usable credit.
-        if usable > 0 && (increase as i64) < usable {
+        // usable credit. While ramping, every update carries growth the
+        // sender needs within the round trip (holding one back stretched a
+        // doubling over two round trips), so none waits.
+        if usable > 0 && (increase as i64) < usable && !adaptive.ramp.active() {
             return;
         }
         // An update that leaves the sender still blocked (after its
@@ -293,6 +312,7 @@ impl AdaptiveWindow {
         let moved = (consumed - mark_consumed).min(received - mark_received);
         self.rate = (moved as u128 * 1_000_000_000 / elapsed as u128) as u64;
         self.rate_mark = (now_ns, consumed, received);
+        self.ramp.on_rate(self.rate);
         let target = 2 * self.rate as u128 * rtt as u128 / 1_000_000_000;
         self.grow_to(target.min(u64::MAX as u128) as u64);
     }
@@ -362,7 +382,7 @@ mod tests {
     use crate::budget::MemoryBudget;
     use crate::credit::RecvCredit;
 
-    /// An adaptive window with no budget and no headroom: the rules alone.
+    /// An adaptive window with no budget, no headroom and no ramp: the rules alone.
     fn adaptive(initial: u64, max_window: u64) -> RecvCredit {
         RecvCredit::adaptive(
             AdaptiveParams {
@@ -371,6 +391,7 @@ mod tests {
                 floor: 1,
                 budget: None,
                 ack_headroom: false,
+                slow_start: false,
             },
             0,
         )
@@ -468,6 +489,7 @@ mod tests {
                         floor,
                         budget: Some(budget.clone()),
                         ack_headroom: true,
+                        slow_start: false,
                     },
                     0,
                 )
@@ -514,6 +536,7 @@ mod tests {
                     floor: 16 * 1024,
                     budget: None,
                     ack_headroom: true,
+                    slow_start: false,
                 },
                 0,
             );
@@ -644,6 +667,7 @@ mod tests {
                     floor: packet,
                     budget: None,
                     ack_headroom: next(2) == 0,
+                    slow_start: false,
                 },
                 0,
             );
@@ -682,5 +706,62 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A sender limited by credit on a long link: each round trip it sends
+    /// all it was granted, the consumer takes it at once, and what that frees
+    /// reaches the sender for the next round. The ramp doubles what moves per
+    /// round trip, as TCP's slow start doubles cwnd; the rate rule alone,
+    /// measuring once per round trip, lags behind it.
+    #[test]
+    fn the_ramp_doubles_what_moves_each_round_trip_while_credit_limits() {
+        let packet: u64 = 1 << 20;
+        let moved_per_round = |slow_start: bool| -> Vec<u64> {
+            let mut credit = RecvCredit::adaptive(
+                AdaptiveParams {
+                    initial: 2 * packet,
+                    max_window: 64 * packet,
+                    floor: packet,
+                    budget: None,
+                    ack_headroom: false,
+                    slow_start,
+                },
+                0,
+            );
+            // The open handshake measures the round trip: 50 ms.
+            credit.start_rtt_probe(0);
+            credit.end_rtt_probe(50 * MS);
+            let mut usable = credit.initial_grant().unwrap();
+            let mut moved = Vec::new();
+            for round in 0..6u64 {
+                // The round's packets arrive over 10 ms, 60 ms apart.
+                let start = 100 * MS + round * 60 * MS;
+                let packets = usable / packet;
+                let mut granted_next = 0;
+                for i in 0..packets {
+                    let now = start + i * 10 * MS / packets.max(1);
+                    credit.on_received(packet as usize, now);
+                    credit.on_consumed(packet as usize, now);
+                    let mut out = Vec::new();
+                    credit.take_okays(&mut out, now);
+                    granted_next += out.iter().map(|o| o.unwrap() as u64).sum::<u64>();
+                }
+                moved.push(packets * packet);
+                usable = usable - packets * packet + granted_next;
+            }
+            moved
+        };
+        let ramp = moved_per_round(true);
+        let rule_alone = moved_per_round(false);
+        for pair in ramp.windows(2).take(4) {
+            assert!(
+                pair[1] >= 2 * pair[0] - packet,
+                "the ramp doubles each round: {ramp:?}"
+            );
+        }
+        assert!(
+            ramp.iter().sum::<u64>() > 2 * rule_alone.iter().sum::<u64>(),
+            "ramp {ramp:?} against the rate rule alone {rule_alone:?}"
+        );
     }
 }

@@ -17,6 +17,7 @@ pub mod adaptive;
 pub mod aosp;
 pub mod classic;
 mod headroom;
+mod slow_start;
 mod stall;
 
 pub use adaptive::{AdaptiveParams, AdaptiveWindow};

@@ -1,5 +1,10 @@
-//! The seeds' documented effects (`../shared/seeds/` in the design notes),
-//! each reproduced as two simulated runs that differ in one thing.
+//! The documented effects of the flow-control rules' outside sources, each
+//! reproduced as two simulated runs that differ in one thing. A case is
+//! labelled by its source's number in the design notes: 000 AOSP's delayed
+//! ACK (`docs/dev/delayed_ack.md`), 002 smoltcp's window-update fix (PR 935),
+//! 003 TCP buffer sizing on an i.MX6 board (buffer ceilings from free memory,
+//! Linux's `tcp_mem`), 004 BBR's ACK-aggregation estimate. The rules are in
+//! `docs/flow-control.md`.
 
 use oxadb_engine::CreditMode;
 
@@ -7,7 +12,7 @@ use crate::{Consumer, Link, Scenario};
 
 const MS: u64 = 1_000_000;
 
-/// One line per seed: the effect the seed documents, as a ratio of two runs.
+/// One line per source: the effect it documents, as a ratio of two runs.
 pub struct SeedCase {
     pub seed: &'static str,
     pub what: &'static str,
@@ -15,13 +20,14 @@ pub struct SeedCase {
     pub without: Scenario,
 }
 
-/// The documented effect of each seed (`../shared/seeds/`), reproduced as a
-/// pair of runs that differ in one thing.
+/// The documented effect of each source (listed in the module's note),
+/// reproduced as a pair of runs that differ in one thing.
 pub fn seed_cases(size: u64) -> Vec<SeedCase> {
     let fast = |link: Link, policy: CreditMode| Scenario::new(link, Consumer::Fast, policy, size);
-    // 002 and 004 hold every OKAY after the accepting one for a 10 ms timer:
-    // a receiver that delays its window updates (002), which the sender sees
-    // as acknowledgements arriving in clumps (004).
+    // 002 (smoltcp) and 004 (BBR) hold every OKAY after the accepting one for
+    // a 10 ms timer: a receiver that delays its window updates (smoltcp's
+    // case), which the sender sees as acknowledgements arriving in clumps
+    // (BBR's).
     let held = |mut scenario: Scenario| {
         scenario.delayed_updates = Some(10 * MS);
         scenario

@@ -251,9 +251,11 @@ fn streams_sharing_a_link_finish_together() {
     }
 }
 
-/// Each seed's effect, in the direction and at about the size the seed
-/// documents (000: 1.7x on a USB-3 phone; 002: 0.8 -> 15 Gbit/s; 003: half
-/// the rate with too small a buffer; 004: 1.6x on 5 GHz Wi-Fi).
+/// Each outside source's effect (`crates/sim/src/seeds.rs`), in the
+/// direction and at about the size the source documents (000, AOSP's delayed
+/// ACK: 1.7x on a USB-3 phone; 002, smoltcp's PR 935: 0.8 -> 15 Gbit/s; 003,
+/// the i.MX6 board: half the rate with too small a buffer; 004, BBR's
+/// ACK-aggregation fix: 1.6x on 5 GHz Wi-Fi).
 #[test]
 fn the_seed_scenarios_show_their_documented_effects() {
     let minimum = |seed: &str| match seed {
@@ -281,7 +283,7 @@ fn the_seed_scenarios_show_their_documented_effects() {
     }
 }
 
-/// The acceptance, one stream per run: wherever the bytes that must
+/// The adaptive window's acceptance test, one stream per run: wherever the bytes that must
 /// be in flight fit the per-stream cap (32 MiB, no budget set), adaptive
 /// carries at least 95% of the link rate; and it lets at most a quarter of
 /// what aosp lets exist between the two applications. The one exception is

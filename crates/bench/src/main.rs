@@ -115,7 +115,10 @@ struct AdbLoopback {
     oxadb: PathBuf,
     /// Clients to measure, comma-separated: adb, oxadb (burst mode with the
     /// adaptive window), oxadb-aosp (burst mode with AOSP's fixed 32 MiB
-    /// credit), oxadb-classic.
+    /// credit), oxadb-classic; an oxadb client with `-copy` appended
+    /// (`oxadb-copy`) forces the copying path on both ends (`oxadb
+    /// --no-zero-copy` against a second daemon started with `--no-zero-copy`),
+    /// so the zero-copy path and the copying one are compared in one run.
     #[arg(long, value_delimiter = ',', default_value = "adb,oxadb,oxadb-classic")]
     clients: Vec<String>,
     /// A tmpfs directory for the data (the pull destination must be tmpfs).
@@ -160,6 +163,8 @@ fn main() -> Result<()> {
 struct Session {
     dir: PathBuf,
     daemon: Child,
+    /// The daemon of the `-copy` clients (`--no-zero-copy`), if any.
+    copying_daemon: Option<Child>,
     adb: PathBuf,
     adb_port: u16,
     serial: String,
@@ -187,6 +192,10 @@ impl Drop for Session {
         let _ = self.adb().arg("kill-server").output();
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
+        if let Some(daemon) = &mut self.copying_daemon {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -463,9 +472,86 @@ fn adb_server_pid(port: u16) -> Option<u32> {
         })
 }
 
+/// What one row of `adb-loopback` measures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Transfer {
+    RawTcp,
+    /// The copies a pull cannot avoid, over raw TCP: the floor under any pull.
+    RawFileCopy,
+    Client {
+        client: String,
+        kind: Kind,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Into the private character device node.
+    Push,
+    /// Into a new tmpfs file.
+    Pull,
+    /// Into the private character device node, written in place (oxadb only:
+    /// adb replaces a device node it pulls into).
+    PullToDevice,
+}
+
+impl Transfer {
+    fn name(&self) -> String {
+        match self {
+            Transfer::RawTcp => "raw TCP".to_string(),
+            Transfer::RawFileCopy => "raw TCP file copy".to_string(),
+            Transfer::Client { client, kind } => {
+                let kind = match kind {
+                    Kind::Push => "push",
+                    Kind::Pull => "pull",
+                    Kind::PullToDevice => "pull to device",
+                };
+                format!("{client} {kind}")
+            }
+        }
+    }
+}
+
+/// Starts oxadbd on `port` with `args`, logging to `log`, and waits until it listens.
+fn start_daemon(oxadbd: &Path, port: u16, args: &[String], log: &Path) -> Result<Child> {
+    let daemon = Command::new(oxadbd)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(File::create(log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", oxadbd.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(log)?.contains("listening on") {
+        ensure!(
+            Instant::now() < deadline,
+            "oxadbd did not start: {}",
+            std::fs::read_to_string(log)?
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(daemon)
+}
+
 fn adb_loopback(args: AdbLoopback) -> Result<()> {
     ensure!(args.runs >= 1, "--runs must be at least 1");
-    let adb_version = run_checked(Command::new(&args.adb).arg("version"), "adb version")?;
+    for client in &args.clients {
+        let base = client.strip_suffix("-copy").unwrap_or(client);
+        ensure!(
+            ["adb", "oxadb", "oxadb-aosp", "oxadb-classic"].contains(&base)
+                && !(base == "adb" && base != client),
+            "unknown client {client:?}: expected adb, oxadb, oxadb-aosp or oxadb-classic, \
+             the oxadb ones optionally with -copy"
+        );
+    }
+    let uses_adb = args.clients.iter().any(|c| c == "adb");
+    let uses_copying = args.clients.iter().any(|c| c.ends_with("-copy"));
+    let adb_version = if uses_adb {
+        run_checked(Command::new(&args.adb).arg("version"), "adb version")?
+    } else {
+        String::new()
+    };
     let dir = args
         .workdir
         .join(format!("oxadb-bench-{}", std::process::id()));
@@ -478,131 +564,159 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     make_null_node(&null_node)?;
 
     let port = free_port()?;
-    let log_path = dir.join("oxadbd.log");
-    let daemon = Command::new(&args.oxadbd)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .args(&args.daemon_arg)
-        .stdout(Stdio::null())
-        .stderr(File::create(&log_path)?)
-        .spawn()
-        .with_context(|| format!("starting {}", args.oxadbd.display()))?;
+    let daemon = start_daemon(
+        &args.oxadbd,
+        port,
+        &args.daemon_arg,
+        &dir.join("oxadbd.log"),
+    )?;
     let mut session = Session {
         dir: dir.clone(),
         daemon,
+        copying_daemon: None,
         adb: args.adb.clone(),
         adb_port: free_port()?,
         serial: format!("127.0.0.1:{port}"),
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&log_path)?.contains("listening on") {
-        ensure!(
-            Instant::now() < deadline,
-            "oxadbd did not start: {}",
-            std::fs::read_to_string(&log_path)?
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    run_checked(session.adb().arg("start-server"), "adb start-server")?;
-    let connected = run_checked(
-        session.adb().arg("connect").arg(&session.serial),
-        "adb connect",
-    )?;
-    ensure!(connected.contains("connected"), "adb connect: {connected}");
-    let state = run_checked(session.adb_device().arg("get-state"), "adb get-state")?;
-    ensure!(state.trim() == "device", "device state is {state:?}");
+    let copying_serial = if uses_copying {
+        let port = free_port()?;
+        let mut daemon_args = args.daemon_arg.clone();
+        daemon_args.push("--no-zero-copy".to_string());
+        let log = dir.join("oxadbd-copying.log");
+        session.copying_daemon = Some(start_daemon(&args.oxadbd, port, &daemon_args, &log)?);
+        format!("127.0.0.1:{port}")
+    } else {
+        String::new()
+    };
+    let adb_server = if uses_adb {
+        run_checked(session.adb().arg("start-server"), "adb start-server")?;
+        let connected = run_checked(
+            session.adb().arg("connect").arg(&session.serial),
+            "adb connect",
+        )?;
+        ensure!(connected.contains("connected"), "adb connect: {connected}");
+        let state = run_checked(session.adb_device().arg("get-state"), "adb get-state")?;
+        ensure!(state.trim() == "device", "device state is {state:?}");
+        Some(adb_server_pid(session.adb_port).context("finding the adb server process")?)
+    } else {
+        None
+    };
 
-    let adb_server = adb_server_pid(session.adb_port).context("finding the adb server process")?;
-    // Transfers: raw TCP, then push and pull for each client.
-    let mut names = vec!["raw TCP".to_string()];
+    // Transfers: raw TCP, push and pulls for each client, the raw file copy.
+    let mut transfers = vec![Transfer::RawTcp];
     for client in &args.clients {
-        ensure!(
-            ["adb", "oxadb", "oxadb-aosp", "oxadb-classic"].contains(&client.as_str()),
-            "unknown client {client:?}: expected adb, oxadb, oxadb-aosp or oxadb-classic"
-        );
-        names.push(format!("{client} push"));
-        names.push(format!("{client} pull"));
+        let kinds: &[Kind] = if client == "adb" {
+            &[Kind::Push, Kind::Pull]
+        } else {
+            &[Kind::Push, Kind::Pull, Kind::PullToDevice]
+        };
+        for &kind in kinds {
+            transfers.push(Transfer::Client {
+                client: client.clone(),
+                kind,
+            });
+        }
     }
-    // The copies a pull cannot avoid, over raw TCP: the floor under any pull.
-    names.push("raw TCP file copy".to_string());
-    let raw_file_copy = names.len() - 1;
-    let count = names.len();
+    transfers.push(Transfer::RawFileCopy);
+    let names: Vec<String> = transfers.iter().map(Transfer::name).collect();
+    let count = transfers.len();
     let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut daemon_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut client_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let pid = session.daemon.id();
+    let copying_pid = session.copying_daemon.as_ref().map(Child::id);
     let oxadb_home = dir.join("oxadb-home");
     std::fs::create_dir_all(&oxadb_home)?;
+    std::fs::create_dir_all(oxadb_home.join(".android"))?;
+    // The key first: made on first use, it would cost the first transfer
+    // about 0.35 CPU s (an RSA-2048 key).
+    run_checked(
+        Command::new(&args.oxadb)
+            .arg("keygen")
+            .arg(oxadb_home.join(".android").join("adbkey")),
+        "oxadb keygen",
+    )?;
     for run in 0..args.runs {
         // Interleave and rotate the order: the machine is noisy, and a slow
         // spell should hit every transfer, not one.
         for step in 0..count {
             let which = (run + step) % count;
-            let cpu_before = cpu_seconds(pid)?;
-            let (elapsed, cpu) = if which == 0 {
-                (raw_tcp(args.size)?, 0.0)
-            } else if which == raw_file_copy {
-                let _ = std::fs::remove_file(&pulled);
-                let elapsed = raw_tcp_file_copy(&source, &pulled)?;
-                ensure!(
-                    same_contents(&source, &pulled)?,
-                    "raw TCP file copy: copied file differs"
-                );
-                (elapsed, 0.0)
-            } else {
-                let client = &args.clients[(which - 1) / 2];
-                let push = which % 2 == 1;
-                let mut command = if client == "adb" {
-                    session.adb_device()
-                } else {
-                    let mut command = Command::new(&args.oxadb);
-                    command
-                        .env("HOME", &oxadb_home)
-                        .arg("-s")
-                        .arg(&session.serial);
-                    if client == "oxadb-aosp" {
-                        command.args(["--credit", "aosp"]);
-                    }
-                    if client == "oxadb-classic" {
-                        command.arg("--no-burst");
-                    }
-                    command
-                };
-                let server_before = if client == "adb" {
-                    cpu_seconds(adb_server)?
-                } else {
-                    0.0
-                };
-                let _ = std::fs::remove_file(&pulled);
-                if push {
-                    command.arg("push").arg(&source).arg(&null_node);
-                } else {
-                    command.arg("pull").arg(&source).arg(&pulled);
-                }
-                let (elapsed, mut cpu) = timed_child(&mut command, &names[which])?;
-                if client == "adb" {
-                    cpu += cpu_seconds(adb_server)? - server_before;
-                }
-                if push {
-                    let kind = std::fs::symlink_metadata(&null_node)?.file_type();
-                    ensure!(
-                        kind.is_char_device(),
-                        "{} replaced the device node",
-                        names[which]
-                    );
-                } else {
+            let (elapsed, cpu, daemon) = match &transfers[which] {
+                Transfer::RawTcp => (raw_tcp(args.size)?, 0.0, 0.0),
+                Transfer::RawFileCopy => {
+                    let _ = std::fs::remove_file(&pulled);
+                    let elapsed = raw_tcp_file_copy(&source, &pulled)?;
                     ensure!(
                         same_contents(&source, &pulled)?,
-                        "{}: pulled file differs",
-                        names[which]
+                        "raw TCP file copy: copied file differs"
                     );
+                    (elapsed, 0.0, 0.0)
                 }
-                (elapsed, cpu)
+                Transfer::Client { client, kind } => {
+                    let copying = client.ends_with("-copy");
+                    let base = client.strip_suffix("-copy").unwrap_or(client);
+                    let daemon_pid = if copying {
+                        copying_pid.expect("a copying daemon")
+                    } else {
+                        pid
+                    };
+                    let mut command = if base == "adb" {
+                        session.adb_device()
+                    } else {
+                        let mut command = Command::new(&args.oxadb);
+                        let serial = if copying {
+                            &copying_serial
+                        } else {
+                            &session.serial
+                        };
+                        command.env("HOME", &oxadb_home).arg("-s").arg(serial);
+                        if base == "oxadb-aosp" {
+                            command.args(["--credit", "aosp"]);
+                        }
+                        if base == "oxadb-classic" {
+                            command.arg("--no-burst");
+                        }
+                        if copying {
+                            command.arg("--no-zero-copy");
+                        }
+                        command
+                    };
+                    let server_before = match adb_server {
+                        Some(server) if base == "adb" => cpu_seconds(server)?,
+                        _ => 0.0,
+                    };
+                    let _ = std::fs::remove_file(&pulled);
+                    match kind {
+                        Kind::Push => command.arg("push").arg(&source).arg(&null_node),
+                        Kind::Pull => command.arg("pull").arg(&source).arg(&pulled),
+                        Kind::PullToDevice => command.arg("pull").arg(&source).arg(&null_node),
+                    };
+                    let daemon_before = cpu_seconds(daemon_pid)?;
+                    let (elapsed, mut cpu) = timed_child(&mut command, &names[which])?;
+                    let daemon = cpu_seconds(daemon_pid)? - daemon_before;
+                    if let Some(server) = adb_server.filter(|_| base == "adb") {
+                        cpu += cpu_seconds(server)? - server_before;
+                    }
+                    if *kind == Kind::Pull {
+                        ensure!(
+                            same_contents(&source, &pulled)?,
+                            "{}: pulled file differs",
+                            names[which]
+                        );
+                    } else {
+                        let node = std::fs::symlink_metadata(&null_node)?.file_type();
+                        ensure!(
+                            node.is_char_device(),
+                            "{} replaced the device node",
+                            names[which]
+                        );
+                    }
+                    (elapsed, cpu, daemon)
+                }
             };
-            let daemon = cpu_seconds(pid)? - cpu_before;
             let secs = elapsed.as_secs_f64();
             eprintln!(
-                "run {} {:>20}: {:8.1} MB/s",
+                "run {} {:>28}: {:8.1} MB/s",
                 run + 1,
                 names[which],
                 args.size as f64 / secs / 1e6
@@ -615,15 +729,21 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     if session.daemon.try_wait()?.is_some() {
         bail!("oxadbd exited during the benchmark");
     }
+    if let Some(daemon) = &mut session.copying_daemon {
+        if daemon.try_wait()?.is_some() {
+            bail!("the copying oxadbd exited during the benchmark");
+        }
+    }
 
     let gib = args.size as f64 / (1u64 << 30) as f64;
     let rate = |s: &f64| args.size as f64 / s / 1e6;
-    let raw_median = median(&mut seconds[0].iter().map(rate).collect::<Vec<_>>());
     println!("Machine: {}", machine_description());
-    println!(
-        "Client: {}",
-        adb_version.lines().nth(1).unwrap_or("adb").trim()
-    );
+    if uses_adb {
+        println!(
+            "Client: {}",
+            adb_version.lines().nth(1).unwrap_or("adb").trim()
+        );
+    }
     println!(
         "Transfer: {} MiB of random data per run, {} runs, interleaved; daemon args: {:?}",
         args.size >> 20,
@@ -637,44 +757,80 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         .iter()
         .map(|s| median(&mut s.iter().map(rate).collect::<Vec<_>>()))
         .collect();
-    let adb_index = args.clients.iter().position(|c| c == "adb");
+    let per_gib = |values: &[f64]| median(&mut values.iter().map(|c| c / gib).collect::<Vec<_>>());
+    let index_of = |client: &str, kind: Kind| {
+        transfers.iter().position(|t| {
+            *t == Transfer::Client {
+                client: client.to_string(),
+                kind,
+            }
+        })
+    };
+    let raw_tcp_index = 0;
+    let raw_file_copy = count - 1;
     for which in 0..count {
         let runs = seconds[which]
             .iter()
             .map(|s| format!("{:.0}", rate(s)))
             .collect::<Vec<_>>()
             .join(", ");
-        let per_gib =
-            |values: &[f64]| median(&mut values.iter().map(|c| c / gib).collect::<Vec<_>>());
-        let (client, daemon, versus_adb) = if which == 0 || which == raw_file_copy {
-            ("-".to_string(), "-".to_string(), "-".to_string())
-        } else {
-            let adb_same_direction = adb_index.map(|a| 1 + 2 * a + (which - 1) % 2);
-            (
+        let (client, daemon, versus_adb, versus_file_copy) = match &transfers[which] {
+            Transfer::RawTcp => ("-".into(), "-".into(), "-".into(), "-".to_string()),
+            Transfer::RawFileCopy => ("-".into(), "-".into(), "-".into(), "1.00".to_string()),
+            Transfer::Client { kind, .. } => (
                 format!("{:.2}", per_gib(&client_cpu[which])),
                 format!("{:.2}", per_gib(&daemon_cpu[which])),
-                adb_same_direction.map_or("-".to_string(), |a| {
+                index_of("adb", *kind).map_or("-".to_string(), |a| {
                     format!("{:.2}", medians[which] / medians[a])
                 }),
-            )
-        };
-        let is_pull = which != 0 && which != raw_file_copy && (which - 1) % 2 == 1;
-        let versus_file_copy = if is_pull || which == raw_file_copy {
-            format!("{:.2}", medians[which] / medians[raw_file_copy])
-        } else {
-            "-".to_string()
+                if *kind == Kind::Push {
+                    "-".to_string()
+                } else {
+                    format!("{:.2}", medians[which] / medians[raw_file_copy])
+                },
+            ),
         };
         println!(
             "| {} | {} | {:.0} | {:.2} | {} | {} | {} | {} |",
             names[which],
             runs,
             medians[which],
-            medians[which] / raw_median,
+            medians[which] / medians[raw_tcp_index],
             versus_file_copy,
             versus_adb,
             client,
             daemon
         );
+    }
+
+    // Zero-copy against copying, from the same run: ratios of medians.
+    let pairs: Vec<&String> = args
+        .clients
+        .iter()
+        .filter(|c| args.clients.contains(&format!("{c}-copy")))
+        .collect();
+    if !pairs.is_empty() {
+        println!();
+        println!("| zero-copy / copying | MB/s | client CPU | oxadbd CPU |");
+        println!("|---|---|---|---|");
+        for client in pairs {
+            for kind in [Kind::Push, Kind::Pull, Kind::PullToDevice] {
+                let (Some(zero), Some(copy)) = (
+                    index_of(client, kind),
+                    index_of(&format!("{client}-copy"), kind),
+                ) else {
+                    continue;
+                };
+                let ratio = |values: &[Vec<f64>]| per_gib(&values[zero]) / per_gib(&values[copy]);
+                println!(
+                    "| {} | {:.2} | {:.2} | {:.2} |",
+                    transfers[zero].name(),
+                    medians[zero] / medians[copy],
+                    ratio(&client_cpu),
+                    ratio(&daemon_cpu)
+                );
+            }
+        }
     }
     Ok(())
 }

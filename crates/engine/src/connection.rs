@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
-use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, MAX_PAYLOAD};
+use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, Payload, MAX_PAYLOAD};
 use thiserror::Error;
 
 use crate::budget::MemoryBudget;
@@ -532,6 +532,28 @@ impl Connection {
     pub fn checksums(&self) -> bool {
         self.peer()
             .is_none_or(|p| p.version < VERSION_SKIP_CHECKSUM)
+    }
+
+    /// The header to put on the wire for `outgoing`, whose payload must be in
+    /// memory when [`Connection::checksums`] are on (the sum covers its bytes).
+    pub fn header_for_outgoing(&self, outgoing: &Outgoing) -> Header {
+        let data_crc32 = if self.checksums() {
+            assert!(
+                !outgoing.payload.has_file_ranges(),
+                "a checksummed payload must be read first"
+            );
+            let bytes = outgoing.payload.clone().into_bytes().expect("in memory");
+            oxadb_wire::packet::payload_checksum(&bytes)
+        } else {
+            0
+        };
+        Header {
+            command: outgoing.command,
+            arg0: outgoing.arg0,
+            arg1: outgoing.arg1,
+            data_length: outgoing.payload.len() as u32,
+            data_crc32,
+        }
     }
 
     /// The header to put on the wire for `packet`.
@@ -1166,6 +1188,49 @@ impl Connection {
     /// it takes all of `data` (the caller waits for [`Connection::is_writable`]
     /// first, so the queue overshoots its limit by at most one chunk).
     pub fn write_bytes(&mut self, id: StreamId, data: Bytes) -> Result<(), StreamError> {
+        self.write_payload(id, Payload::from(data))
+    }
+
+    /// Queues a whole chunk that may hold file ranges, as
+    /// [`Connection::write_bytes`] does: it leaves as its own WRTEs, never
+    /// merged with its neighbours. Credit and lengths count its file bytes
+    /// like any other; the driver sends or reads them.
+    pub fn write_payload(&mut self, id: StreamId, data: Payload) -> Result<(), StreamError> {
+        self.queue_payload(id, data)
+    }
+
+    /// Appends the front of a payload that may hold file ranges to the
+    /// stream's copied writes, exactly as [`Connection::write`] takes bytes:
+    /// as much as the send buffer has room for (0: wait for
+    /// [`Event::Writable`]), split off `data`. The queue then fills and
+    /// drains as with copied writes, so WRTEs are cut at the same places.
+    pub fn append_payload(
+        &mut self,
+        id: StreamId,
+        data: &mut Payload,
+    ) -> Result<usize, StreamError> {
+        let limit = self.config.send_buffer;
+        let stream = self
+            .streams
+            .get_mut(&id.0)
+            .ok_or(StreamError::Unknown(id))?;
+        if stream.state.peer_closed() || stream.state.closing() {
+            return Err(StreamError::Closed(id));
+        }
+        let room = limit.saturating_sub(stream.outgoing.len());
+        let taken = room.min(data.len());
+        if taken < data.len() {
+            stream.writer_blocked = true;
+        }
+        if taken > 0 {
+            let was_empty = stream.outgoing.is_empty();
+            stream.outgoing.append_payload(data.split_to(taken));
+            stream.on_queued(was_empty, &mut self.sendable, id.0, self.now_ns);
+        }
+        Ok(taken)
+    }
+
+    fn queue_payload(&mut self, id: StreamId, data: Payload) -> Result<(), StreamError> {
         let stream = self
             .streams
             .get_mut(&id.0)
@@ -1177,7 +1242,7 @@ impl Connection {
             return Ok(());
         }
         let was_empty = stream.outgoing.is_empty();
-        stream.outgoing.push_bytes(data);
+        stream.outgoing.push_payload(data);
         if stream.outgoing.len() >= self.config.send_buffer {
             stream.writer_blocked = true;
         }
@@ -1304,11 +1369,21 @@ impl Connection {
         }
     }
 
+    /// The next packet to send, if any, with its payload in memory: file
+    /// ranges queued by [`Connection::write_payload`] are read here (a
+    /// driver that can send them directly uses [`Connection::poll_outgoing`]).
+    /// Panics if such a read fails; only drivers that queue no file ranges
+    /// (the simulator, tests) should call it.
+    pub fn poll_transmit(&mut self) -> Option<Packet> {
+        self.poll_outgoing()
+            .map(|outgoing| outgoing.into_packet().expect("reading a file range"))
+    }
+
     /// The next packet to send, if any. Control packets (handshake, OKAY, CLSE)
     /// go first so acknowledgements are never stuck behind bulk data.
-    pub fn poll_transmit(&mut self) -> Option<Packet> {
+    pub fn poll_outgoing(&mut self) -> Option<Outgoing> {
         if let Some(packet) = self.control.pop_front() {
-            return Some(packet);
+            return Some(Outgoing::from(packet));
         }
         let max_payload = self.max_outgoing_payload();
         while let Some(local_id) = self.sendable.pop_front() {
@@ -1331,7 +1406,12 @@ impl Connection {
             stream.note_credit(self.now_ns);
             stream.stats.bytes_sent += len as u64;
             stream.stats.packets_sent += 1;
-            let packet = Packet::new(Command::Wrte, local_id, stream.remote_id, payload);
+            let packet = Outgoing {
+                command: Command::Wrte,
+                arg0: local_id,
+                arg1: stream.remote_id,
+                payload,
+            };
             let more = !stream.outgoing.is_empty() && stream.send.can_send();
             if stream.writer_blocked && stream.outgoing.len() < send_buffer {
                 stream.writer_blocked = false;
@@ -1351,6 +1431,34 @@ impl Connection {
     /// Whether [`Connection::poll_transmit`] would return a packet.
     pub fn has_transmit(&self) -> bool {
         !self.control.is_empty() || !self.sendable.is_empty()
+    }
+}
+
+/// A packet to send whose payload may hold file ranges ([`Payload`]).
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub command: Command,
+    pub arg0: u32,
+    pub arg1: u32,
+    pub payload: Payload,
+}
+
+impl From<Packet> for Outgoing {
+    fn from(packet: Packet) -> Outgoing {
+        Outgoing {
+            command: packet.command,
+            arg0: packet.arg0,
+            arg1: packet.arg1,
+            payload: Payload::from(packet.payload),
+        }
+    }
+}
+
+impl Outgoing {
+    /// The packet with its payload in memory (file ranges are read).
+    pub fn into_packet(self) -> std::io::Result<Packet> {
+        let payload = self.payload.into_bytes()?;
+        Ok(Packet::new(self.command, self.arg0, self.arg1, payload))
     }
 }
 

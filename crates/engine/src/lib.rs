@@ -10,8 +10,8 @@ pub mod send_queue;
 
 pub use budget::{BudgetLimits, MemoryBudget, Pressure};
 pub use connection::{
-    AuthReply, Config, Connection, Event, Peer, ProtocolError, Read, Role, StreamError, StreamId,
-    StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN, DEFAULT_MAX_STREAMS,
+    AuthReply, Config, Connection, Event, Outgoing, Peer, ProtocolError, Read, Role, StreamError,
+    StreamId, StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN, DEFAULT_MAX_STREAMS,
 };
 pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT};
 

@@ -977,3 +977,53 @@ fn a_credit_mode_sets_the_banner_and_the_policy_together() {
     config.set_credit_mode(CreditMode::Classic);
     assert_eq!(config.banner.features, ["shell_v2"]);
 }
+
+/// Appended payloads are taken as `write` takes bytes (a send buffer's room
+/// at a time) and cut into the same WRTEs as the same bytes written.
+#[test]
+fn appended_payloads_make_the_same_packets_as_written_bytes() {
+    let data = pattern(5 * 1024 * 1024 + 300);
+    let mut sizes = Vec::new();
+    for append in [false, true] {
+        let mut host_config = config(Role::Host, true);
+        host_config.send_buffer = 3 * 1024 * 1024;
+        let mut pair = Pair::new(host_config, config(Role::Device, true));
+        let (host_id, device_id) = pair.open("sink:");
+        let sent_before = pair.to_device.len();
+        let mut offset = 0;
+        let mut received = Vec::new();
+        // Batches of 1 MiB + 128, as a push's 16 DATA frames.
+        while received.len() < data.len() {
+            while offset < data.len() {
+                let end = (offset + 1024 * 1024 + 128).min(data.len());
+                let want = end - offset;
+                let taken = if append {
+                    let mut payload =
+                        oxadb_wire::Payload::from(Bytes::copy_from_slice(&data[offset..end]));
+                    let taken = pair.host.append_payload(host_id, &mut payload).unwrap();
+                    assert_eq!(payload.len(), end - offset - taken, "the rest stays");
+                    taken
+                } else {
+                    pair.host.write(host_id, &data[offset..end]).unwrap()
+                };
+                offset += taken;
+                if taken < want {
+                    break; // the send buffer is full
+                }
+            }
+            pair.drive();
+            received.extend_from_slice(&read_all(&mut pair.device, device_id));
+            pair.drive();
+        }
+        assert_eq!(received, data);
+        sizes.push(
+            pair.to_device[sent_before..]
+                .iter()
+                .filter(|p| p.command == Command::Wrte)
+                .map(|p| p.payload.len())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(sizes[0], sizes[1]);
+    assert!(sizes[0].iter().all(|&n| n <= 1024 * 1024));
+}

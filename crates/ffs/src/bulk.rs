@@ -284,9 +284,11 @@ impl<E: Endpoint> PacketSink for BulkIn<E> {
     async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
         self.collect().await?;
         for packet in batch.drain(..) {
+            // File ranges are read here: AIO transfers take memory.
+            let payload = packet.payload.into_bytes()?;
             self.send(Bytes::copy_from_slice(&packet.header)).await?;
-            for range in payload_transfers(packet.payload.len(), self.size, WRITE_CUT) {
-                self.send(packet.payload.slice(range)).await?;
+            for range in payload_transfers(payload.len(), self.size, WRITE_CUT) {
+                self.send(payload.slice(range)).await?;
             }
         }
         Ok(())

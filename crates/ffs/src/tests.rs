@@ -26,7 +26,7 @@ fn packet(payload_len: usize, seed: u8) -> OutgoingPacket {
     let packet = Packet::new(Command::Wrte, 1, 2, pattern(payload_len, seed));
     OutgoingPacket {
         header: packet.header(false).encode(),
-        payload: packet.payload,
+        payload: packet.payload.into(),
     }
 }
 
@@ -52,7 +52,7 @@ async fn a_packet_is_a_header_transfer_then_payload_transfers() {
         .collect();
     let expected: Vec<(Vec<u8>, Vec<u8>)> = batch
         .iter()
-        .map(|p| (p.header.to_vec(), p.payload.to_vec()))
+        .map(|p| (p.header.to_vec(), p.payload.as_bytes().unwrap().to_vec()))
         .collect();
     let host = {
         let usb = usb.clone();

@@ -117,6 +117,7 @@ impl Connection {
             drained: Notify::new(),
             label,
             epoch: std::time::Instant::now(),
+            file_ranges: sink.takes_file_ranges(),
         });
         if shared.lock().engine.has_transmit() {
             shared.transmit.notify_one();

@@ -126,6 +126,8 @@ pub(crate) struct Shared {
     pub(crate) label: String,
     /// The engine's clock starts here.
     pub(crate) epoch: std::time::Instant,
+    /// Whether the sink sends file ranges itself (`PacketSink::takes_file_ranges`).
+    pub(crate) file_ranges: bool,
 }
 
 impl Shared {
@@ -298,10 +300,20 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
             }
             let mut bytes = 0;
             while bytes < WRITE_BATCH_BYTES && 2 * (batch.len() + 1) <= MAX_IOVECS {
-                let Some(packet) = state.engine.poll_transmit() else {
+                let Some(mut packet) = state.engine.poll_outgoing() else {
                     break;
                 };
-                let header = state.engine.header_for(&packet).encode();
+                // A v1.0 peer checks a byte sum over the payload: file ranges
+                // must be read to make it (streams avoid them then, see
+                // `AdbStream::takes_file_ranges`).
+                if state.engine.checksums() && packet.payload.has_file_ranges() {
+                    if let Err(error) = packet.payload.read_in() {
+                        tracing::debug!(peer = %shared.label, %error, "reading a file range failed");
+                        state.shut(error.into());
+                        break;
+                    }
+                }
+                let header = state.engine.header_for_outgoing(&packet).encode();
                 bytes += HEADER_LEN + packet.payload.len();
                 batch.push(OutgoingPacket {
                     header,
@@ -310,6 +322,9 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
             }
             // Taking data out of send buffers may have unblocked writers.
             state.dispatch_events();
+            if state.closed.is_some() {
+                break;
+            }
         }
         if batch.is_empty() {
             shared.transmit.notified().await;

@@ -3,14 +3,14 @@
 
 use std::io::{self, IoSlice};
 
-use bytes::Bytes;
-use oxadb_wire::HEADER_LEN;
+use oxadb_wire::{Payload, HEADER_LEN};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-/// One packet ready for the wire: its encoded header and its payload.
+/// One packet ready for the wire: its encoded header and its payload, which
+/// holds file ranges only for sinks that [take them](PacketSink::takes_file_ranges).
 pub struct OutgoingPacket {
     pub header: [u8; HEADER_LEN],
-    pub payload: Bytes,
+    pub payload: Payload,
 }
 
 /// Where the writer task puts packets. A byte stream takes a whole batch in
@@ -23,6 +23,12 @@ pub trait PacketSink: Send + 'static {
         &'a mut self,
         batch: &'a mut Vec<OutgoingPacket>,
     ) -> impl std::future::Future<Output = io::Result<()>> + Send + 'a;
+
+    /// Whether payloads may hold file ranges for this sink to send itself
+    /// (`sendfile`); for other sinks the writer reads them into memory first.
+    fn takes_file_ranges(&self) -> bool {
+        false
+    }
 
     /// The connection ended: flush and close what can be.
     fn shutdown(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
@@ -48,6 +54,9 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     // Each packet is up to two slices: its header, then its payload; `done`
     // counts bytes of the batch already written.
+    for packet in batch.iter_mut() {
+        packet.payload.read_in()?;
+    }
     let mut done = 0usize;
     let total: usize = batch.iter().map(|p| HEADER_LEN + p.payload.len()).sum();
     while done < total {
@@ -63,11 +72,12 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 /// Slices of `packets` after the first `skip` bytes: each packet's header,
-/// then its payload.
+/// then its payload, which must be in memory (`Payload::read_in`).
 pub(crate) fn batch_slices(packets: &[OutgoingPacket], mut skip: usize) -> Vec<IoSlice<'_>> {
     let mut slices = Vec::with_capacity(2 * packets.len());
     for packet in packets {
-        for part in [&packet.header[..], &packet.payload[..]] {
+        let payload = packet.payload.as_bytes().expect("payload read in");
+        for part in [&packet.header[..], &payload[..]] {
             if part.is_empty() {
                 continue;
             }

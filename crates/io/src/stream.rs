@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use oxadb_engine::{Read, StreamId, StreamStats};
+use oxadb_wire::Payload;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::driver::Shared;
@@ -64,10 +65,38 @@ pub trait WriteChunk: AsyncWrite + Unpin {
         &mut self,
         data: Bytes,
     ) -> impl std::future::Future<Output = io::Result<()>> + Send;
+
+    /// Queues a payload that may hold file ranges: as a whole chunk like
+    /// [`WriteChunk::write_chunk`], or with `append` merged into packets like
+    /// bytes written with `write_all`. The bytes sent are the same either
+    /// way as if the ranges had been read and written.
+    fn write_payload(
+        &mut self,
+        data: Payload,
+        append: bool,
+    ) -> impl std::future::Future<Output = io::Result<()>> + Send;
+
+    /// Whether file ranges given to [`WriteChunk::write_payload`] leave
+    /// without being read into memory (a TCP connection whose peer wants no
+    /// checksums); otherwise reading the file into buffers costs less.
+    fn takes_file_ranges(&self) -> bool {
+        false
+    }
 }
 
 impl WriteChunk for AdbStream {
     async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.write_payload(Payload::from(data), false).await
+    }
+
+    fn takes_file_ranges(&self) -> bool {
+        self.shared.file_ranges && !self.shared.lock().engine.checksums()
+    }
+
+    async fn write_payload(&mut self, data: Payload, append: bool) -> io::Result<()> {
+        if append {
+            return self.append_payload(data).await;
+        }
         let mut data = Some(data);
         std::future::poll_fn(|cx| {
             let mut state = self.shared.lock();
@@ -84,7 +113,7 @@ impl WriteChunk for AdbStream {
                 return Poll::Pending;
             }
             let chunk = data.take().expect("polled after completion");
-            match state.engine.write_bytes(self.id, chunk) {
+            match state.engine.write_payload(self.id, chunk) {
                 Ok(()) => {
                     self.shared.after_engine_call(&mut state);
                     Poll::Ready(Ok(()))
@@ -100,6 +129,43 @@ impl WriteChunk for AdbStream {
 impl WriteChunk for tokio::io::DuplexStream {
     async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
         self.write_all(&data).await
+    }
+
+    async fn write_payload(&mut self, data: Payload, _append: bool) -> io::Result<()> {
+        let data = data.into_bytes()?;
+        self.write_all(&data).await
+    }
+}
+
+impl AdbStream {
+    /// [`WriteChunk::write_payload`] with `append`: the payload goes in as
+    /// `write_all` would put its bytes, a send buffer's room at a time.
+    async fn append_payload(&mut self, mut data: Payload) -> io::Result<()> {
+        std::future::poll_fn(|cx| loop {
+            if data.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut state = self.shared.lock();
+            if let Some(error) = &state.closed {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    format!("{}: connection ended: {error}", self.id),
+                )));
+            }
+            match state.engine.append_payload(self.id, &mut data) {
+                Ok(0) => {
+                    if let Some(wakers) = state.streams.get_mut(&self.id) {
+                        wakers.write = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+                Ok(_) => self.shared.after_engine_call(&mut state),
+                Err(error) => {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, error)))
+                }
+            }
+        })
+        .await
     }
 }
 

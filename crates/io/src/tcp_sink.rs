@@ -11,15 +11,17 @@
 //! also retried every millisecond (iperf3: 54). See docs/benchmarks.md,
 //! "On an emulated link".
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
+use rustix::net::{SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 
-use oxadb_wire::HEADER_LEN;
+use oxadb_wire::{FileRange, Part, HEADER_LEN};
 
-use crate::sink::{batch_slices, OutgoingPacket, PacketSink};
+use crate::sink::{OutgoingPacket, PacketSink};
 
 /// First retry after a write found the buffer full: at 1 Gbit/s a
 /// millisecond frees 125 KB, a few percent of a 4 MiB buffer.
@@ -27,21 +29,177 @@ const FIRST_RETRY: Duration = Duration::from_millis(1);
 /// Retries back off to this while nothing at all is accepted (a peer that
 /// stopped reading), so a blocked connection costs a few wake-ups a second.
 const LAST_RETRY: Duration = Duration::from_millis(64);
+/// Slices per sendmsg; Linux caps iovecs at 1024 (`UIO_MAXIOV`).
+const MAX_IOVECS: usize = 512;
 
 /// A [`PacketSink`] over a TCP socket: a batch goes out in as few writev
 /// calls as the socket takes, and a full socket is retried on a timer as
-/// well as on readiness.
+/// well as on readiness. File ranges in payloads go by `sendfile`, the
+/// bytes around them by `sendmsg` with `MSG_MORE` so that a header and the
+/// file data after it share segments (tcp(7): with Nagle off, a send
+/// without it pushes a segment at once).
 pub struct TcpSink {
     stream: OwnedWriteHalf,
+    counts: FileCounts,
+}
+
+/// What happened to file ranges on this connection.
+#[derive(Debug, Default)]
+struct FileCounts {
+    /// File bytes sent by `sendfile`.
+    by_sendfile: u64,
+    /// Files whose ranges `sendfile` refused and which were read instead.
+    fallbacks: u64,
 }
 
 impl TcpSink {
     pub fn new(stream: OwnedWriteHalf) -> TcpSink {
-        TcpSink { stream }
+        TcpSink {
+            stream,
+            counts: FileCounts::default(),
+        }
     }
 }
 
+/// One system call's worth of the batch after its first `done` bytes.
+fn write_once(
+    socket: BorrowedFd<'_>,
+    batch: &mut [OutgoingPacket],
+    done: usize,
+    counts: &mut FileCounts,
+) -> io::Result<usize> {
+    loop {
+        match next_run(batch, done) {
+            Run::Memory { slices, more } => {
+                let flags = if more {
+                    SendFlags::MORE
+                } else {
+                    SendFlags::empty()
+                };
+                return rustix::net::sendmsg(
+                    socket,
+                    &slices,
+                    &mut SendAncillaryBuffer::default(),
+                    flags | SendFlags::NOSIGNAL,
+                )
+                .map_err(io::Error::from);
+            }
+            Run::File {
+                packet,
+                range,
+                skip,
+            } => {
+                if range.file.fell_back() {
+                    // The copying path for the rest of this file.
+                    batch[packet].payload.read_in()?;
+                    continue;
+                }
+                let mut offset = range.offset + skip as u64;
+                match rustix::fs::sendfile(
+                    socket,
+                    range.file.file(),
+                    Some(&mut offset),
+                    range.len - skip,
+                ) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "file shrank while sent",
+                        ))
+                    }
+                    Ok(n) => {
+                        range.file.note_sent(n as u64);
+                        counts.by_sendfile += n as u64;
+                        return Ok(n);
+                    }
+                    // No `splice_read` for this file (sendfile(2): EINVAL,
+                    // "fd is not a file that supports mmap-like operations";
+                    // /proc's seq files on Linux 6.18): read it instead.
+                    Err(rustix::io::Errno::INVAL)
+                    | Err(rustix::io::Errno::NOSYS)
+                    | Err(rustix::io::Errno::OPNOTSUPP) => {
+                        tracing::debug!("sendfile refused a file; reading it instead");
+                        range.file.mark_unsupported();
+                        counts.fallbacks += 1;
+                        batch[packet].payload.read_in()?;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
+    }
+}
+
+/// What the next system call sends.
+enum Run<'a> {
+    /// Bytes in memory; `more`: the batch goes on after them.
+    Memory {
+        slices: Vec<IoSlice<'a>>,
+        more: bool,
+    },
+    /// A file range of packet `packet`, after its first `skip` bytes.
+    File {
+        packet: usize,
+        range: FileRange,
+        skip: usize,
+    },
+}
+
+/// The run of the batch that starts after its first `skip` bytes: the bytes
+/// in memory up to the next file range, or that file range.
+fn next_run(batch: &[OutgoingPacket], mut skip: usize) -> Run<'_> {
+    let mut slices = Vec::new();
+    for (index, packet) in batch.iter().enumerate() {
+        let header: &[u8] = &packet.header;
+        let pieces =
+            std::iter::once(Piece::Memory(header)).chain(packet.payload.parts().map(|part| {
+                match part {
+                    Part::Bytes(bytes) => Piece::Memory(bytes),
+                    Part::File(range) => Piece::File(range),
+                }
+            }));
+        for piece in pieces {
+            let len = match piece {
+                Piece::Memory(bytes) => bytes.len(),
+                Piece::File(range) => range.len,
+            };
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            match piece {
+                Piece::Memory(bytes) => slices.push(IoSlice::new(&bytes[skip..])),
+                Piece::File(range) if slices.is_empty() => {
+                    return Run::File {
+                        packet: index,
+                        range: range.clone(),
+                        skip,
+                    }
+                }
+                Piece::File(_) => return Run::Memory { slices, more: true },
+            }
+            skip = 0;
+            if slices.len() == MAX_IOVECS {
+                return Run::Memory { slices, more: true };
+            }
+        }
+    }
+    Run::Memory {
+        slices,
+        more: false,
+    }
+}
+
+enum Piece<'a> {
+    Memory(&'a [u8]),
+    File(&'a FileRange),
+}
+
 impl PacketSink for TcpSink {
+    fn takes_file_ranges(&self) -> bool {
+        true
+    }
+
     async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
         let total: usize = batch.iter().map(|p| HEADER_LEN + p.payload.len()).sum();
         let mut done = 0usize;
@@ -50,15 +208,15 @@ impl PacketSink for TcpSink {
         // stays clear until the kernel's one-third wake-up.
         let mut eager = false;
         while done < total {
-            let slices = batch_slices(batch, done);
+            let TcpSink { stream, counts } = &mut *self;
+            let socket = stream.as_ref();
             let attempt = if eager {
-                rustix::io::writev(self.stream.as_ref(), &slices).map_err(io::Error::from)
+                write_once(socket.as_fd(), batch, done, counts)
             } else {
-                self.stream.as_ref().try_io(Interest::WRITABLE, || {
-                    rustix::io::writev(self.stream.as_ref(), &slices).map_err(io::Error::from)
+                socket.try_io(Interest::WRITABLE, || {
+                    write_once(socket.as_fd(), batch, done, counts)
                 })
             };
-            drop(slices);
             match attempt {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(written) => {
@@ -87,6 +245,11 @@ impl PacketSink for TcpSink {
     }
 
     async fn shutdown(&mut self) {
+        tracing::debug!(
+            sendfile_bytes = self.counts.by_sendfile,
+            sendfile_fallbacks = self.counts.fallbacks,
+            "tcp connection's file data"
+        );
         let _ = self.stream.shutdown().await;
     }
 }
@@ -123,7 +286,7 @@ mod tests {
             expected.extend_from_slice(&payload);
             batch.push(OutgoingPacket {
                 header,
-                payload: Bytes::from(payload),
+                payload: Bytes::from(payload).into(),
             });
         }
         let reader = tokio::spawn(async move {
@@ -145,5 +308,160 @@ mod tests {
         let received = reader.await.unwrap();
         assert_eq!(received.len(), expected.len());
         assert!(received == expected, "bytes differ from what was sent");
+    }
+
+    use crate::sink::StreamSink;
+    use oxadb_wire::{Payload, RangeCounters, SendFile};
+    use std::sync::Arc;
+
+    /// A connected loopback pair: the writer's half (with a small send
+    /// buffer, so writes stop part way) and the reader.
+    async fn pair() -> (OwnedWriteHalf, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(64 * 1024).unwrap();
+        let client = socket
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        client.set_nodelay(true).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client.into_split().1, server)
+    }
+
+    async fn read_all(mut reader: tokio::net::TcpStream) -> Vec<u8> {
+        let mut received = Vec::new();
+        reader.read_to_end(&mut received).await.unwrap();
+        received
+    }
+
+    /// Sends `batch` through `sink` and returns what the other end read.
+    async fn through<S: PacketSink>(
+        sink: impl FnOnce(OwnedWriteHalf) -> S,
+        mut batch: Vec<OutgoingPacket>,
+    ) -> Vec<u8> {
+        let (writer, reader) = pair().await;
+        let reading = tokio::spawn(read_all(reader));
+        let mut sink = sink(writer);
+        sink.write_packets(&mut batch).await.unwrap();
+        assert!(batch.is_empty());
+        sink.shutdown().await;
+        reading.await.unwrap()
+    }
+
+    /// A file of `len` patterned bytes, already unlinked.
+    fn scratch_file(len: usize) -> std::fs::File {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!(
+            "oxadb-io-tcp-sink-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 131 + i / 4099) as u8).collect();
+        file.write_all(&data).unwrap();
+        file
+    }
+
+    /// Packets of sync `DATA` headers around file ranges, at offsets and
+    /// sizes on packet and frame edges, with an in-memory packet between.
+    fn ranged_batch(file: &Arc<SendFile>) -> Vec<OutgoingPacket> {
+        const K64: usize = 64 * 1024;
+        let mut batch = Vec::new();
+        let cases = [
+            (0, 0),
+            (0, 1),
+            (1, K64),
+            (4095, K64 + 1),
+            (K64 + 7, 1024 * 1024 + 1),
+            (3, 1),
+        ];
+        for (i, (offset, len)) in cases.into_iter().enumerate() {
+            let mut payload = Payload::default();
+            payload.push(Part::Bytes(bytes::Bytes::copy_from_slice(
+                &oxadb_wire::sync::encode_data_header(len),
+            )));
+            payload.push(Part::File(FileRange {
+                file: file.clone(),
+                offset: offset as u64,
+                len,
+            }));
+            if i % 2 == 1 {
+                // Two frames in one packet, as a pull's WRTE holds 15.
+                payload.push(Part::Bytes(bytes::Bytes::from_static(b"DATA\x02\0\0\0")));
+                payload.push(Part::File(FileRange {
+                    file: file.clone(),
+                    offset: (offset + len) as u64,
+                    len: 2,
+                }));
+            }
+            let header = [i as u8 + 1; HEADER_LEN];
+            batch.push(OutgoingPacket { header, payload });
+            batch.push(OutgoingPacket {
+                header: [0xee; HEADER_LEN],
+                payload: bytes::Bytes::from_static(b"between").into(),
+            });
+        }
+        batch
+    }
+
+    #[tokio::test]
+    async fn file_ranges_go_out_byte_for_byte_as_the_copying_path() {
+        let file = scratch_file(2 * 1024 * 1024);
+        let counters = Arc::new(RangeCounters::default());
+        let shared = SendFile::new(file.try_clone().unwrap(), counters.clone());
+        let by_sendfile = through(TcpSink::new, ranged_batch(&shared)).await;
+        let copied = through(StreamSink, ranged_batch(&shared)).await;
+        assert_eq!(by_sendfile.len(), copied.len());
+        assert!(by_sendfile == copied, "the two paths sent different bytes");
+        let (files, sent, read, fallbacks) = counters.snapshot();
+        assert_eq!((files, fallbacks), (1, 0));
+        assert_eq!(sent, read, "each range once by sendfile, once read");
+        assert!(sent > 1024 * 1024);
+    }
+
+    /// /proc's seq files refuse `sendfile` (EINVAL): the sink reads them
+    /// instead, sends the same bytes and counts the fallback once.
+    #[tokio::test]
+    async fn a_file_sendfile_refuses_is_read_and_counted() {
+        let expected = std::fs::read("/proc/self/environ").unwrap();
+        assert!(!expected.is_empty());
+        let file = std::fs::File::open("/proc/self/environ").unwrap();
+        let counters = Arc::new(RangeCounters::default());
+        let shared = SendFile::new(file, counters.clone());
+        let mut batch = Vec::new();
+        for (offset, len) in [
+            (0, expected.len() / 2),
+            (expected.len() / 2, expected.len() - expected.len() / 2),
+        ] {
+            batch.push(OutgoingPacket {
+                header: [7; HEADER_LEN],
+                payload: Part::File(FileRange {
+                    file: shared.clone(),
+                    offset: offset as u64,
+                    len,
+                })
+                .into(),
+            });
+        }
+        let received = through(TcpSink::new, batch).await;
+        let mut wanted = vec![7u8; HEADER_LEN];
+        wanted.extend_from_slice(&expected[..expected.len() / 2]);
+        wanted.extend_from_slice(&[7u8; HEADER_LEN]);
+        wanted.extend_from_slice(&expected[expected.len() / 2..]);
+        assert_eq!(received, wanted);
+        assert!(shared.fell_back());
+        assert_eq!(
+            counters.snapshot(),
+            (1, 0, expected.len() as u64, 1),
+            "(files, by sendfile, read, fallbacks)"
+        );
     }
 }

@@ -14,7 +14,7 @@ use oxadb::{ConnectOptions, Device};
 #[command(
     version,
     about,
-    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_NO_ZERO_COPY set to 1 to push by reading files into buffers (like --no-zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -27,6 +27,10 @@ struct Args {
     /// device supports burst mode; for comparisons.
     #[arg(long, global = true, conflicts_with = "credit")]
     no_burst: bool,
+    /// Push files by reading them into buffers, never by `sendfile` (the
+    /// same as OXADB_NO_ZERO_COPY=1); for comparisons.
+    #[arg(long, global = true)]
+    no_zero_copy: bool,
     /// Flow control: classic (one packet in flight, like --no-burst), aosp
     /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
     /// (burst mode, credit grown from the measured rate and round trip).
@@ -191,6 +195,9 @@ async fn run(args: Args) -> anyhow::Result<i32> {
     if let Command::Keygen { file } = &args.command {
         keygen(file)?;
         return Ok(0);
+    }
+    if args.no_zero_copy {
+        oxadb_transfer::disable_zero_copy();
     }
     let mut options = ConnectOptions::default();
     if args.no_burst {

@@ -310,6 +310,58 @@ async fn push_and_pull_8_mib_random_file() {
     }
 }
 
+/// Plain pushes and pulls of regular files go as file ranges (sendfile) on
+/// both ends over TCP; sizes on frame and packet edges arrive intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_copy_round_trips_at_frame_and_packet_edges() {
+    const K64: usize = 64 * 1024;
+    let sizes = [
+        1,
+        K64,
+        K64 + 1,
+        15 * K64,
+        1024 * 1024 + 1,
+        3 * 1024 * 1024 + 7,
+    ];
+    for mode in [Mode::Burst, Mode::BurstTinyBudget, Mode::ClassicHost] {
+        let setup = connect(mode).await;
+        let dir = tempfile::tempdir().unwrap();
+        let remote_dir = dir.path().join("device");
+        fs::create_dir(&remote_dir).unwrap();
+        for (i, &size) in sizes.iter().enumerate() {
+            let data = random_bytes(size, i as u64 + 7);
+            let local = dir.path().join(format!("f{i}"));
+            fs::write(&local, &data).unwrap();
+            let summary = push_paths(
+                &setup.device,
+                &[&local],
+                &remote(&remote_dir),
+                &PushOptions::default(),
+            )
+            .await
+            .unwrap();
+            let pushed = remote_dir.join(format!("f{i}"));
+            assert!(
+                fs::read(&pushed).unwrap() == data,
+                "{mode:?} {size}: pushed"
+            );
+            let zc = summary.zero_copy.expect("zero-copy counters");
+            if oxadb_transfer::zero_copy_enabled() && size >= K64 {
+                // Smaller files go with their request, in one write.
+                assert_eq!(zc.files, 1, "{mode:?} {size}");
+                assert_eq!(zc.sendfile_bytes, size as u64, "{mode:?} {size}");
+                assert_eq!((zc.copied_bytes, zc.fallbacks), (0, 0));
+            }
+            let back = dir.path().join(format!("back{i}"));
+            pull_paths(&setup.device, &[&pushed], &back, &PullOptions::default())
+                .await
+                .unwrap();
+            assert!(fs::read(&back).unwrap() == data, "{mode:?} {size}: pulled");
+        }
+        assert!(temp_files(dir.path()).is_empty());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_file_round_trip() {
     for mode in MODES {

@@ -15,10 +15,10 @@
 //! through bounded `tokio::sync::mpsc` channels ([`Chunk`] in, `Bytes`
 //! batches out).
 //!
-//! The types leave the file descriptors reachable ([`Destination::file`],
-//! [`Source::file`] with [`Source::len`]) so that a later zero-copy path
-//! (`splice`/`sendfile` between socket and file) can bypass the buffer loops
-//! without changing the atomicity rules.
+//! A plain transfer from a regular file can skip the buffers: [`Source::into_ranges`]
+//! frames it as file ranges that the TCP writer sends by `sendfile`
+//! (docs/architecture.md, "Zero-copy transfers"). [`Destination::file`] stays
+//! reachable for a receiving path (`splice`) under the same atomicity rules.
 
 mod destination;
 mod sink;
@@ -29,7 +29,10 @@ mod testdata;
 
 pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
-pub use source::{send_frames, BufferPool, Framing, SendError, Source};
+pub use source::{
+    disable_zero_copy, send_frames, zero_copy_enabled, BufferPool, FrameRanges, Framing, SendError,
+    Source, NO_ZERO_COPY_ENV,
+};
 pub use temp::{create_beside, process_umask, TempEntry};
 
 use std::path::Path;
@@ -103,6 +106,21 @@ impl Policy {
 /// linux/magic.h): proc, sysfs, configfs, debugfs, tracefs, cgroup, cgroup2,
 /// securityfs, selinuxfs.
 pub fn on_kernel_interface_fs(path: &Path) -> bool {
+    match rustix::fs::statfs(path) {
+        Ok(fs) => is_kernel_fs_magic(fs.f_type as u64 as u32),
+        Err(_) => false,
+    }
+}
+
+/// [`on_kernel_interface_fs`] for an open file.
+pub fn fd_on_kernel_interface_fs(file: &std::fs::File) -> bool {
+    match rustix::fs::fstatfs(file) {
+        Ok(fs) => is_kernel_fs_magic(fs.f_type as u64 as u32),
+        Err(_) => false,
+    }
+}
+
+fn is_kernel_fs_magic(magic: u32) -> bool {
     const KERNEL_FS_MAGICS: [u32; 9] = [
         0x0000_9fa0,
         0x6265_6572,
@@ -114,11 +132,8 @@ pub fn on_kernel_interface_fs(path: &Path) -> bool {
         0x7363_6673,
         0xf97c_ff8c,
     ];
-    match rustix::fs::statfs(path) {
-        // f_type's integer type varies by architecture; the magic is its low 32 bits.
-        Ok(fs) => KERNEL_FS_MAGICS.contains(&(fs.f_type as u64 as u32)),
-        Err(_) => false,
-    }
+    // f_type's integer type varies by architecture; the magic is its low 32 bits.
+    KERNEL_FS_MAGICS.contains(&magic)
 }
 
 /// A file type that is neither regular, a directory nor a symlink.

@@ -5,18 +5,20 @@
 use std::fs::File;
 use std::io::{self, IoSliceMut, Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use oxadb_wire::compression::Encoder;
 use oxadb_wire::sync::{self as wire, Compression, HEADER_LEN, SYNC_DATA_MAX};
+use oxadb_wire::{FileRange, Part, Payload, RangeCounters, SendFile};
 use tokio::sync::mpsc;
 
 /// A `DATA` frame at full size: header and payload.
 const FRAME_LEN: usize = HEADER_LEN + SYNC_DATA_MAX;
 
-/// A file to send, with its length. The descriptor stays reachable so that a
-/// later zero-copy path can `sendfile`/`splice` it to the socket.
+/// A file to send, with its length: read into frames ([`send_frames`]) or
+/// framed as file ranges for `sendfile` ([`Source::into_ranges`]).
 #[derive(Debug)]
 pub struct Source {
     file: File,
@@ -45,6 +47,117 @@ impl Source {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    pub fn into_file(self) -> File {
+        self.file
+    }
+
+    /// Whether this source can go as file ranges ([`Source::into_ranges`]):
+    /// a regular file with a length, not on procfs/sysfs-like filesystems,
+    /// whose sizes are not what a read returns (0 for /proc, 4096 for sysfs).
+    pub fn ranges_possible(&self) -> bool {
+        let Ok(md) = self.file.metadata() else {
+            return false;
+        };
+        md.file_type().is_file() && self.len > 0 && !crate::fd_on_kernel_interface_fs(&self.file)
+    }
+
+    /// The file as payloads of uncompressed `DATA` frames,
+    /// `framing.frames_per_batch` frames each.
+    /// What happens to the ranges is counted in `counters`.
+    pub fn into_ranges(self, framing: &Framing, counters: Arc<RangeCounters>) -> FrameRanges {
+        FrameRanges {
+            file: SendFile::new(self.file, counters),
+            offset: 0,
+            end: self.len,
+            frames_per_batch: framing.frames_per_batch,
+        }
+    }
+}
+
+/// Whether plain transfers may send file data by `sendfile` (both roles;
+/// the copying path is forced by `OXADB_NO_ZERO_COPY=1` or
+/// [`disable_zero_copy`], so that a benchmark can compare the two).
+pub fn zero_copy_enabled() -> bool {
+    match ZERO_COPY.load(Ordering::Relaxed) {
+        ZC_UNKNOWN => {
+            let on = std::env::var_os(NO_ZERO_COPY_ENV).is_none_or(|v| v.is_empty() || v == "0");
+            ZERO_COPY.store(if on { ZC_ON } else { ZC_OFF }, Ordering::Relaxed);
+            on
+        }
+        state => state == ZC_ON,
+    }
+}
+
+/// Forces the copying path for the rest of the process (`--no-zero-copy`).
+pub fn disable_zero_copy() {
+    ZERO_COPY.store(ZC_OFF, Ordering::Relaxed);
+}
+
+/// The environment variable that forces the copying path (any value but `0`).
+pub const NO_ZERO_COPY_ENV: &str = "OXADB_NO_ZERO_COPY";
+
+const ZC_UNKNOWN: u8 = 0;
+const ZC_ON: u8 = 1;
+const ZC_OFF: u8 = 2;
+static ZERO_COPY: AtomicU8 = AtomicU8::new(ZC_UNKNOWN);
+
+/// Cuts a file into the same full-size `DATA` frames as [`send_frames`]
+/// sends uncompressed, as payloads of frame headers in memory and file ranges
+/// that the connection's writer hands to `sendfile`: `frames_per_batch`
+/// frames per payload. Like the reading path it goes on while the file grows
+/// (checked with `fstat` when the length known so far is reached).
+#[derive(Debug)]
+pub struct FrameRanges {
+    file: Arc<SendFile>,
+    offset: u64,
+    end: u64,
+    frames_per_batch: usize,
+}
+
+impl FrameRanges {
+    pub fn file(&self) -> &Arc<SendFile> {
+        &self.file
+    }
+}
+
+impl Iterator for FrameRanges {
+    type Item = io::Result<Payload>;
+
+    fn next(&mut self) -> Option<io::Result<Payload>> {
+        if self.offset >= self.end {
+            match self.file.file().metadata() {
+                Ok(md) if md.len() > self.end => self.end = md.len(),
+                Ok(_) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let left = self.end - self.offset;
+        let frames = left
+            .div_ceil(SYNC_DATA_MAX as u64)
+            .min(self.frames_per_batch as u64) as usize;
+        let mut headers = BytesMut::with_capacity(frames * HEADER_LEN);
+        let mut lens = Vec::with_capacity(frames);
+        let mut rest = left;
+        for _ in 0..frames {
+            let len = rest.min(SYNC_DATA_MAX as u64) as usize;
+            headers.extend_from_slice(&wire::encode_data_header(len));
+            lens.push(len);
+            rest -= len as u64;
+        }
+        let mut headers = headers.freeze();
+        let mut payload = Payload::default();
+        for len in lens {
+            payload.push(Part::Bytes(headers.split_to(HEADER_LEN)));
+            payload.push(Part::File(FileRange {
+                file: self.file.clone(),
+                offset: self.offset,
+                len,
+            }));
+            self.offset += len as u64;
+        }
+        Some(Ok(payload))
     }
 }
 
@@ -495,5 +608,78 @@ mod tests {
             );
             assert!(matches!(result, Err(SendError::Stopped)), "{result:?}");
         }
+    }
+
+    /// Edge sizes for the zero-copy path: nothing, a byte, a frame, a frame
+    /// and a byte, a WRTE's worth and a byte.
+    const EDGE_SIZES: [usize; 7] = [
+        0,
+        1,
+        SYNC_DATA_MAX,
+        SYNC_DATA_MAX + 1,
+        15 * SYNC_DATA_MAX,
+        1024 * 1024 + 1,
+        3 * 1024 * 1024 + 5,
+    ];
+
+    #[test]
+    fn file_ranges_frame_exactly_as_the_reading_path() {
+        for framing in [Framing::DAEMON, Framing::HOST] {
+            for size in EDGE_SIZES {
+                let data = sample(size);
+                let batches = send_all(&data, Compression::None, framing);
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("f");
+                std::fs::write(&path, &data).unwrap();
+                let source = Source::open(&path).unwrap();
+                assert_eq!(source.ranges_possible(), size > 0);
+                let counters = Arc::new(RangeCounters::default());
+                let payloads: Vec<Bytes> = source
+                    .into_ranges(&framing, counters.clone())
+                    .map(|p| p.unwrap().into_bytes().unwrap())
+                    .collect();
+                // The same batches (so the same WRTEs), byte for byte.
+                assert_eq!(payloads, batches, "{framing:?} size {size}");
+                assert_eq!(counters.snapshot(), (1, 0, size as u64, 0));
+            }
+        }
+    }
+
+    #[test]
+    fn file_ranges_follow_a_growing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, sample(100)).unwrap();
+        let mut ranges = Source::open(&path)
+            .unwrap()
+            .into_ranges(&Framing::HOST, Arc::default());
+        let first = ranges.next().unwrap().unwrap();
+        assert_eq!(first.len(), HEADER_LEN + 100);
+        let mut more = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        more.write_all(&sample(50)).unwrap();
+        let second = ranges.next().unwrap().unwrap().into_bytes().unwrap();
+        assert_eq!(&second[HEADER_LEN..], &sample(50)[..]);
+        assert!(ranges.next().is_none());
+    }
+
+    #[test]
+    fn only_plain_regular_files_go_as_ranges() {
+        // procfs sizes are not what a read returns (0 here).
+        let proc_file = Source::open(Path::new("/proc/self/status")).unwrap();
+        assert!(!proc_file.ranges_possible());
+        let (reader, _writer) = rustix::pipe::pipe().unwrap();
+        let pipe = Source::new(File::from(reader)).unwrap();
+        assert!(!pipe.ranges_possible());
+    }
+
+    #[test]
+    fn the_switch_turns_zero_copy_off() {
+        // The environment variable is read once; the flag wins after it.
+        let _ = zero_copy_enabled();
+        disable_zero_copy();
+        assert!(!zero_copy_enabled());
     }
 }

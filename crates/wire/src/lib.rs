@@ -3,9 +3,11 @@
 pub mod banner;
 pub mod compression;
 pub mod packet;
+pub mod payload;
 pub mod shell;
 pub mod sync;
 pub mod usb;
 
 pub use banner::{feature, Banner, BannerError};
 pub use packet::{Command, Header, HeaderError, Packet, HEADER_LEN, MAX_PAYLOAD};
+pub use payload::{FileRange, Part, Payload, RangeCounters, SendFile};

@@ -250,6 +250,24 @@ pub struct TransferSummary {
     /// (the last one, if a failure made it reopen), when it is known: in the
     /// total of a [`push`] or [`pull`], not in each source's summary.
     pub stream: Option<crate::StreamStats>,
+    /// How the file data of plain pushes left (known where `stream` is).
+    pub zero_copy: Option<ZeroCopyStats>,
+}
+
+/// How a session's plain pushes sent file data: as file ranges by
+/// `sendfile`, or read into memory (docs/architecture.md, "Zero-copy transfers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ZeroCopyStats {
+    /// Whether the zero-copy path was allowed (not `OXADB_NO_ZERO_COPY`, `--no-zero-copy`).
+    pub enabled: bool,
+    /// Files sent as ranges.
+    pub files: u64,
+    /// File bytes sent by `sendfile`.
+    pub sendfile_bytes: u64,
+    /// File bytes of ranges read into memory (USB, fallbacks).
+    pub copied_bytes: u64,
+    /// Files `sendfile` refused, read instead.
+    pub fallbacks: u64,
 }
 
 impl TransferSummary {
@@ -317,6 +335,16 @@ impl TransferSummary {
                 self.elapsed.as_secs_f64() * 1e3
             ),
         ];
+        if let Some(zc) = self.zero_copy.filter(|zc| zc.files > 0 || !zc.enabled) {
+            lines.push(if zc.enabled {
+                format!(
+                    "  zero-copy: {} files sent as file ranges, {} bytes by sendfile, {} read into memory, {} sendfile fallbacks",
+                    zc.files, zc.sendfile_bytes, zc.copied_bytes, zc.fallbacks
+                )
+            } else {
+                "  zero-copy: off (OXADB_NO_ZERO_COPY or --no-zero-copy)".to_string()
+            });
+        }
         if let Some(window) = stats.window {
             lines.push(format!(
                 "  our receive window {} bytes (headroom {}), min RTT {}, our consumption rate {}",
@@ -576,6 +604,7 @@ mod tests {
             bytes: 1024 * 1024,
             elapsed: Duration::from_millis(500),
             stream: None,
+            zero_copy: None,
         };
         assert_eq!(
             summary.report("a.txt", Direction::Push),

@@ -206,6 +206,7 @@ impl Tally {
     ) -> Result<TransferSummary> {
         if let Some(session) = session {
             self.total.stream = session.stream_stats();
+            self.total.zero_copy = Some(session.zero_copy_stats());
             if !session.is_ended() {
                 if let Err(error) = session.quit().await {
                     self.errors.push(error.to_string());

@@ -11,7 +11,8 @@ use super::codec::FrameReader;
 use super::session::SyncSession;
 use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
 use crate::error::{Error, Result};
-use oxadb_transfer::SendError;
+use oxadb_io::WriteChunk;
+use oxadb_transfer::{Framing, SendError, Source};
 
 /// Pushes in flight before waiting for acknowledgements (adb's limit).
 pub(super) const MAX_UNACKED: usize = 128;
@@ -170,50 +171,121 @@ impl SyncSession {
                 let request = self.send_request(local, remote, file_mode, mode)?;
                 self.expect_ack(local, remote);
                 self.write_push(&request).await?;
-                let mut reader = FrameReader::start(file, mode.compression);
-                let mut sent = 0;
-                while let Some(batch) = reader.next().await {
-                    self.write_push(&batch).await?;
-                    // Dropped, the batch's buffer goes back to the reading thread's pool.
-                    drop(batch);
-                    let read = reader.newly_read();
-                    sent += read;
-                    progress.advance(read);
-                    // A FAIL for this push (say, no space) stops it early.
-                    self.collect_acks(false).await?;
-                }
-                let read = reader.newly_read();
-                sent += read;
-                progress.advance(read);
-                match reader.finish().await {
-                    Ok(()) => {}
-                    Err(failure) => {
-                        // Without DONE the device discards what it got; this
-                        // stream can't continue, so end it.
-                        self.end("a push was abandoned halfway");
-                        let message = match failure {
-                            SendError::Read(e) => format!(
-                                "reading '{}' locally failed: {}",
-                                local.display(),
-                                describe_io(&e)
-                            ),
-                            SendError::Compress(e) => format!(
-                                "compressing '{}' locally failed: {}",
-                                local.display(),
-                                describe_io(&e)
-                            ),
-                            SendError::Stopped => {
-                                format!("reading '{}' locally stopped", local.display())
-                            }
-                        };
-                        return Err(transfer_error(message));
+                if mode.compression == wire::Compression::None
+                    && oxadb_transfer::zero_copy_enabled()
+                    && self.stream.takes_file_ranges()
+                {
+                    let source = Source::new(file).map_err(|e| {
+                        transfer_error(format!(
+                            "reading '{}' locally failed: {}",
+                            local.display(),
+                            describe_io(&e)
+                        ))
+                    })?;
+                    if source.ranges_possible() {
+                        return self.send_ranges(local, source, mtime, progress).await;
                     }
+                    let file = source.into_file();
+                    return self.send_copying(local, file, mode, mtime, progress).await;
                 }
-                self.write_push(&wire::encode_done(mtime)).await?;
-                self.collect_acks(false).await?;
-                Ok(sent)
+                self.send_copying(local, file, mode, mtime, progress).await
             }
         }
+    }
+
+    /// A plain push of a regular file: `DATA` frames whose payloads are file
+    /// ranges, appended to the stream like the copying path's writes so that
+    /// the WRTEs are the same; the writer sends them by `sendfile`
+    /// (docs/architecture.md, "Zero-copy transfers").
+    async fn send_ranges(
+        &mut self,
+        local: &Path,
+        source: Source,
+        mtime: u32,
+        progress: &mut dyn Progress,
+    ) -> Result<u64> {
+        let mut sent = 0;
+        for payload in source.into_ranges(&Framing::HOST, self.ranges.clone()) {
+            let payload = match payload {
+                Ok(payload) => payload,
+                Err(e) => {
+                    self.end("a push was abandoned halfway");
+                    return Err(transfer_error(format!(
+                        "reading '{}' locally failed: {}",
+                        local.display(),
+                        describe_io(&e)
+                    )));
+                }
+            };
+            // Frame headers are 8 of every 65544 bytes; the rest is file data.
+            let frames = payload.len().div_ceil(HEADER_LEN + SYNC_DATA_MAX);
+            let data = (payload.len() - frames * HEADER_LEN) as u64;
+            if let Err(error) = self.stream.write_payload(payload, true).await {
+                self.collect_acks(true).await?;
+                return Err(self.stream_error(&error));
+            }
+            sent += data;
+            progress.advance(data);
+            // A FAIL for this push (say, no space) stops it early.
+            self.collect_acks(false).await?;
+        }
+        self.write_push(&wire::encode_done(mtime)).await?;
+        self.collect_acks(false).await?;
+        Ok(sent)
+    }
+
+    /// Reads the file into buffers on a blocking thread (compressed pushes,
+    /// USB, non-regular files, `OXADB_NO_ZERO_COPY`).
+    async fn send_copying(
+        &mut self,
+        local: &Path,
+        file: std::fs::File,
+        mode: SendMode,
+        mtime: u32,
+        progress: &mut dyn Progress,
+    ) -> Result<u64> {
+        let mut reader = FrameReader::start(file, mode.compression);
+        let mut sent = 0;
+        while let Some(batch) = reader.next().await {
+            self.write_push(&batch).await?;
+            // Dropped, the batch's buffer goes back to the reading thread's pool.
+            drop(batch);
+            let read = reader.newly_read();
+            sent += read;
+            progress.advance(read);
+            // A FAIL for this push (say, no space) stops it early.
+            self.collect_acks(false).await?;
+        }
+        let read = reader.newly_read();
+        sent += read;
+        progress.advance(read);
+        match reader.finish().await {
+            Ok(()) => {}
+            Err(failure) => {
+                // Without DONE the device discards what it got; this
+                // stream can't continue, so end it.
+                self.end("a push was abandoned halfway");
+                let message = match failure {
+                    SendError::Read(e) => format!(
+                        "reading '{}' locally failed: {}",
+                        local.display(),
+                        describe_io(&e)
+                    ),
+                    SendError::Compress(e) => format!(
+                        "compressing '{}' locally failed: {}",
+                        local.display(),
+                        describe_io(&e)
+                    ),
+                    SendError::Stopped => {
+                        format!("reading '{}' locally stopped", local.display())
+                    }
+                };
+                return Err(transfer_error(message));
+            }
+        }
+        self.write_push(&wire::encode_done(mtime)).await?;
+        self.collect_acks(false).await?;
+        Ok(sent)
     }
 
     pub(super) fn expect_ack(&mut self, local: &Path, remote: &[u8]) {

@@ -16,7 +16,7 @@ use super::local::PulledAttributes;
 use super::send::{LocalFile, SendMode, Unacked, MAX_UNACKED};
 use super::{
     describe_io, show, strerror, transfer_error, Progress, PullOptions, PushOptions, RemoteEntry,
-    RemoteStat, SyncFeatures, TransferSummary,
+    RemoteStat, SyncFeatures, TransferSummary, ZeroCopyStats,
 };
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -95,6 +95,8 @@ pub struct SyncSession {
     pub(super) unacked: VecDeque<Unacked>,
     /// Why the service can't be used any more, once it can't.
     pub(super) ended: Option<String>,
+    /// What happened to the file ranges of this session's pushes.
+    pub(super) ranges: std::sync::Arc<oxadb_wire::RangeCounters>,
 }
 
 impl SyncSession {
@@ -115,12 +117,26 @@ impl SyncSession {
             inbox_len: 0,
             unacked: VecDeque::new(),
             ended: None,
+            ranges: Default::default(),
         })
     }
 
     /// Flow-control statistics of the session's stream so far.
     pub fn stream_stats(&self) -> Option<crate::StreamStats> {
         self.stream.stats()
+    }
+
+    /// What happened to the file data of this session's plain pushes so far
+    /// (sent by `sendfile` or read into memory).
+    pub fn zero_copy_stats(&self) -> ZeroCopyStats {
+        let (files, sendfile_bytes, copied_bytes, fallbacks) = self.ranges.snapshot();
+        ZeroCopyStats {
+            enabled: oxadb_transfer::zero_copy_enabled(),
+            files,
+            sendfile_bytes,
+            copied_bytes,
+            fallbacks,
+        }
     }
 
     /// The protocol extensions this session uses.
@@ -318,6 +334,7 @@ impl SyncSession {
             bytes,
             elapsed: started.elapsed(),
             stream: self.stream_stats(),
+            zero_copy: Some(self.zero_copy_stats()),
         })
     }
 

@@ -101,9 +101,11 @@ impl<E: BulkEndpoint> UsbSink<E> {
 impl<E: BulkEndpoint> PacketSink for UsbSink<E> {
     async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
         for packet in batch.drain(..) {
+            // File ranges are read here: usbfs transfers take memory.
+            let payload = packet.payload.into_bytes()?;
             self.send_part(&packet.header).await?;
-            if !packet.payload.is_empty() {
-                self.send_part(&packet.payload).await?;
+            if !payload.is_empty() {
+                self.send_part(&payload).await?;
             }
         }
         Ok(())
@@ -145,7 +147,7 @@ mod tests {
         };
         OutgoingPacket {
             header: header.encode(),
-            payload: Bytes::from((0..payload_len).map(|i| i as u8).collect::<Vec<_>>()),
+            payload: Bytes::from((0..payload_len).map(|i| i as u8).collect::<Vec<_>>()).into(),
         }
     }
 
@@ -155,7 +157,12 @@ mod tests {
         let mut batch: Vec<_> = payloads.iter().map(|&len| outgoing(len)).collect();
         let expected: Vec<u8> = batch
             .iter()
-            .flat_map(|p| p.header.iter().chain(p.payload.iter()).copied())
+            .flat_map(|p| {
+                p.header
+                    .iter()
+                    .chain(p.payload.as_bytes().unwrap().iter())
+                    .copied()
+            })
             .collect::<Vec<u8>>();
         block_on_ready(sink.write_packets(&mut batch)).unwrap();
         assert!(batch.is_empty(), "the batch is emptied");
@@ -240,7 +247,7 @@ mod tests {
             for packet in &batch {
                 parts.push(packet.header.to_vec());
                 if !packet.payload.is_empty() {
-                    parts.push(packet.payload.to_vec());
+                    parts.push(packet.payload.as_bytes().unwrap().to_vec());
                 }
             }
             block_on_ready(sink.write_packets(&mut batch)).unwrap();

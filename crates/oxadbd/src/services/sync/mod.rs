@@ -47,10 +47,12 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use oxadb_io::WriteChunk;
 use oxadb_wire::sync::{self as wire, Compression, SyncHeader, HEADER_LEN};
+use oxadb_wire::RangeCounters;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
@@ -79,10 +81,22 @@ where
     let mut conn = Conn {
         stream,
         buffer: BytesMut::new(),
+        ranges: Arc::default(),
     };
     let result = conn.serve_requests().await;
     // A FAIL written just before stopping must reach the host before the stream closes.
     let _ = conn.stream.flush().await;
+    let (files, by_sendfile, copied, fallbacks) = conn.ranges.snapshot();
+    if files > 0 {
+        // Counted as the writer sends; the last file's ranges may still be queued.
+        debug!(
+            files,
+            sendfile_bytes = by_sendfile,
+            copied_bytes = copied,
+            sendfile_fallbacks = fallbacks,
+            "sync: pulls sent as file ranges"
+        );
+    }
     match &result {
         Ok(()) => debug!("sync: done"),
         Err(e) => warn!("sync: stopped: {e}"),
@@ -102,6 +116,8 @@ struct Conn<S> {
     /// Received and not yet parsed. `DATA` payloads are split off it as
     /// `Bytes` and go to the file thread without another copy.
     buffer: BytesMut,
+    /// What happened to the file ranges of this stream's pulls.
+    ranges: Arc<RangeCounters>,
 }
 
 impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {

@@ -48,6 +48,58 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
         path: PathBuf,
         compression: Compression,
     ) -> Result<Flow, SyncError> {
+        if compression == Compression::None
+            && oxadb_transfer::zero_copy_enabled()
+            && self.stream.takes_file_ranges()
+        {
+            let opened = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || {
+                    let source = Source::open(&path)?;
+                    let possible = source.ranges_possible();
+                    Ok::<_, io::Error>((source, possible))
+                })
+                .await
+                .map_err(io::Error::other)
+            };
+            match opened {
+                Ok(Ok((source, true))) => return self.recv_ranges(&path, source).await,
+                Ok(Ok((_, false))) => {}
+                Ok(Err(e)) | Err(e) => {
+                    self.fail(&format!("couldn't open '{}': {e}", path.display()))
+                        .await?;
+                    return Ok(Flow::End);
+                }
+            }
+        }
+        self.recv_copying(path, compression).await
+    }
+
+    /// A plain pull of a regular file: `DATA` frames whose payloads are file
+    /// ranges, sent by `sendfile` (docs/architecture.md, "Zero-copy
+    /// transfers"); the WRTEs and frames are those of the copying path.
+    async fn recv_ranges(&mut self, path: &Path, source: Source) -> Result<Flow, SyncError> {
+        for payload in source.into_ranges(&Framing::DAEMON, self.ranges.clone()) {
+            match payload {
+                Ok(payload) => self.stream.write_payload(payload, false).await?,
+                Err(e) => {
+                    self.fail(&format!("couldn't read '{}': {e}", path.display()))
+                        .await?;
+                    return Ok(Flow::End);
+                }
+            }
+        }
+        self.send(&wire::encode_done(0)).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// Reads the file into buffers on a blocking thread (compressed pulls,
+    /// USB, non-regular files, `OXADB_NO_ZERO_COPY`).
+    async fn recv_copying(
+        &mut self,
+        path: PathBuf,
+        compression: Compression,
+    ) -> Result<Flow, SyncError> {
         let (frames, mut queue) = mpsc::channel::<Bytes>(PULL_QUEUE_DEPTH);
         let worker_path = path.clone();
         let worker =

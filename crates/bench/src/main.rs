@@ -115,9 +115,9 @@ struct AdbLoopback {
     oxadb: PathBuf,
     /// Clients to measure, comma-separated: adb, oxadb (burst mode with the
     /// adaptive window), oxadb-aosp (burst mode with AOSP's fixed 32 MiB
-    /// credit), oxadb-classic; an oxadb client with `-copy` appended
-    /// (`oxadb-copy`) forces the copying path on both ends (`oxadb
-    /// --no-zero-copy` against a second daemon started with `--no-zero-copy`),
+    /// credit), oxadb-classic; an oxadb client with `-zc` appended
+    /// (`oxadb-zc`) takes the zero-copy path on both ends (`oxadb
+    /// --zero-copy` against a second daemon started with `--zero-copy`),
     /// so the zero-copy path and the copying one are compared in one run.
     #[arg(long, value_delimiter = ',', default_value = "adb,oxadb,oxadb-classic")]
     clients: Vec<String>,
@@ -163,8 +163,8 @@ fn main() -> Result<()> {
 struct Session {
     dir: PathBuf,
     daemon: Child,
-    /// The daemon of the `-copy` clients (`--no-zero-copy`), if any.
-    copying_daemon: Option<Child>,
+    /// The daemon of the `-zc` clients (`--zero-copy`), if any.
+    zero_copy_daemon: Option<Child>,
     adb: PathBuf,
     adb_port: u16,
     serial: String,
@@ -192,7 +192,7 @@ impl Drop for Session {
         let _ = self.adb().arg("kill-server").output();
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
-        if let Some(daemon) = &mut self.copying_daemon {
+        if let Some(daemon) = &mut self.zero_copy_daemon {
             let _ = daemon.kill();
             let _ = daemon.wait();
         }
@@ -537,16 +537,16 @@ fn start_daemon(oxadbd: &Path, port: u16, args: &[String], log: &Path) -> Result
 fn adb_loopback(args: AdbLoopback) -> Result<()> {
     ensure!(args.runs >= 1, "--runs must be at least 1");
     for client in &args.clients {
-        let base = client.strip_suffix("-copy").unwrap_or(client);
+        let base = client.strip_suffix("-zc").unwrap_or(client);
         ensure!(
             ["adb", "oxadb", "oxadb-aosp", "oxadb-classic"].contains(&base)
                 && !(base == "adb" && base != client),
             "unknown client {client:?}: expected adb, oxadb, oxadb-aosp or oxadb-classic, \
-             the oxadb ones optionally with -copy"
+             the oxadb ones optionally with -zc"
         );
     }
     let uses_adb = args.clients.iter().any(|c| c == "adb");
-    let uses_copying = args.clients.iter().any(|c| c.ends_with("-copy"));
+    let uses_zero_copy = args.clients.iter().any(|c| c.ends_with("-zc"));
     let adb_version = if uses_adb {
         run_checked(Command::new(&args.adb).arg("version"), "adb version")?
     } else {
@@ -573,17 +573,17 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let mut session = Session {
         dir: dir.clone(),
         daemon,
-        copying_daemon: None,
+        zero_copy_daemon: None,
         adb: args.adb.clone(),
         adb_port: free_port()?,
         serial: format!("127.0.0.1:{port}"),
     };
-    let copying_serial = if uses_copying {
+    let zero_copy_serial = if uses_zero_copy {
         let port = free_port()?;
         let mut daemon_args = args.daemon_arg.clone();
-        daemon_args.push("--no-zero-copy".to_string());
-        let log = dir.join("oxadbd-copying.log");
-        session.copying_daemon = Some(start_daemon(&args.oxadbd, port, &daemon_args, &log)?);
+        daemon_args.push("--zero-copy".to_string());
+        let log = dir.join("oxadbd-zero-copy.log");
+        session.zero_copy_daemon = Some(start_daemon(&args.oxadbd, port, &daemon_args, &log)?);
         format!("127.0.0.1:{port}")
     } else {
         String::new()
@@ -624,7 +624,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let mut daemon_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut client_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let pid = session.daemon.id();
-    let copying_pid = session.copying_daemon.as_ref().map(Child::id);
+    let zero_copy_pid = session.zero_copy_daemon.as_ref().map(Child::id);
     let oxadb_home = dir.join("oxadb-home");
     std::fs::create_dir_all(&oxadb_home)?;
     std::fs::create_dir_all(oxadb_home.join(".android"))?;
@@ -653,10 +653,10 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                     (elapsed, 0.0, 0.0)
                 }
                 Transfer::Client { client, kind } => {
-                    let copying = client.ends_with("-copy");
-                    let base = client.strip_suffix("-copy").unwrap_or(client);
-                    let daemon_pid = if copying {
-                        copying_pid.expect("a copying daemon")
+                    let zero_copy = client.ends_with("-zc");
+                    let base = client.strip_suffix("-zc").unwrap_or(client);
+                    let daemon_pid = if zero_copy {
+                        zero_copy_pid.expect("a zero-copy daemon")
                     } else {
                         pid
                     };
@@ -664,8 +664,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         session.adb_device()
                     } else {
                         let mut command = Command::new(&args.oxadb);
-                        let serial = if copying {
-                            &copying_serial
+                        let serial = if zero_copy {
+                            &zero_copy_serial
                         } else {
                             &session.serial
                         };
@@ -676,8 +676,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         if base == "oxadb-classic" {
                             command.arg("--no-burst");
                         }
-                        if copying {
-                            command.arg("--no-zero-copy");
+                        if zero_copy {
+                            command.arg("--zero-copy");
                         }
                         command
                     };
@@ -729,9 +729,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     if session.daemon.try_wait()?.is_some() {
         bail!("oxadbd exited during the benchmark");
     }
-    if let Some(daemon) = &mut session.copying_daemon {
+    if let Some(daemon) = &mut session.zero_copy_daemon {
         if daemon.try_wait()?.is_some() {
-            bail!("the copying oxadbd exited during the benchmark");
+            bail!("the zero-copy oxadbd exited during the benchmark");
         }
     }
 
@@ -807,7 +807,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let pairs: Vec<&String> = args
         .clients
         .iter()
-        .filter(|c| args.clients.contains(&format!("{c}-copy")))
+        .filter(|c| args.clients.contains(&format!("{c}-zc")))
         .collect();
     if !pairs.is_empty() {
         println!();
@@ -816,8 +816,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         for client in pairs {
             for kind in [Kind::Push, Kind::Pull, Kind::PullToDevice] {
                 let (Some(zero), Some(copy)) = (
+                    index_of(&format!("{client}-zc"), kind),
                     index_of(client, kind),
-                    index_of(&format!("{client}-copy"), kind),
                 ) else {
                     continue;
                 };

@@ -14,7 +14,7 @@ use oxadb::{ConnectOptions, Device};
 #[command(
     version,
     about,
-    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_NO_ZERO_COPY set to 1 to push by reading files into buffers (like --no-zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -27,10 +27,11 @@ struct Args {
     /// device supports burst mode; for comparisons.
     #[arg(long, global = true, conflicts_with = "credit")]
     no_burst: bool,
-    /// Push files by reading them into buffers, never by `sendfile` (the
-    /// same as OXADB_NO_ZERO_COPY=1); for comparisons.
+    /// Push files with `sendfile` instead of reading them into buffers (the
+    /// same as OXADB_ZERO_COPY=1); off by default, as on loopback it saved
+    /// no CPU (docs/benchmarks.md).
     #[arg(long, global = true)]
-    no_zero_copy: bool,
+    zero_copy: bool,
     /// Flow control: classic (one packet in flight, like --no-burst), aosp
     /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
     /// (burst mode, credit grown from the measured rate and round trip).
@@ -196,8 +197,8 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         keygen(file)?;
         return Ok(0);
     }
-    if args.no_zero_copy {
-        oxadb_transfer::disable_zero_copy();
+    if args.zero_copy {
+        oxadb_transfer::enable_zero_copy();
     }
     let mut options = ConnectOptions::default();
     if args.no_burst {

@@ -54,10 +54,11 @@ struct Args {
     /// `ro.product.device` in the banner [default: the host name].
     #[arg(long)]
     product_device: Option<String>,
-    /// Send pulled files by reading them into buffers, never by `sendfile`
-    /// (the same as OXADB_NO_ZERO_COPY=1); for comparisons.
+    /// Send pulled files with `sendfile` instead of reading them into
+    /// buffers (the same as OXADB_ZERO_COPY=1); off by default, as on
+    /// loopback it saved no CPU (docs/benchmarks.md).
     #[arg(long)]
-    no_zero_copy: bool,
+    zero_copy: bool,
     /// Do not offer burst mode (`delayed_ack`); the same as `--credit classic`.
     #[arg(long, conflicts_with = "credit")]
     no_delayed_ack: bool,
@@ -164,8 +165,8 @@ fn trust_key(
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if args.no_zero_copy {
-        oxadb_transfer::disable_zero_copy();
+    if args.zero_copy {
+        oxadb_transfer::enable_zero_copy();
     }
     if let Some(Command::TrustKey {
         public_key,

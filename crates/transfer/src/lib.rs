@@ -30,8 +30,8 @@ mod testdata;
 pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{
-    disable_zero_copy, send_frames, zero_copy_enabled, BufferPool, FrameRanges, Framing, SendError,
-    Source, NO_ZERO_COPY_ENV,
+    enable_zero_copy, send_frames, zero_copy_enabled, BufferPool, FrameRanges, Framing, SendError,
+    Source, ZERO_COPY_ENV,
 };
 pub use temp::{create_beside, process_umask, TempEntry};
 

@@ -76,13 +76,14 @@ impl Source {
     }
 }
 
-/// Whether plain transfers may send file data by `sendfile` (both roles;
-/// the copying path is forced by `OXADB_NO_ZERO_COPY=1` or
-/// [`disable_zero_copy`], so that a benchmark can compare the two).
+/// Whether plain transfers send file data by `sendfile` (both roles). Off
+/// unless `OXADB_ZERO_COPY=1` or [`enable_zero_copy`]: on loopback it saved
+/// the sender no CPU and cost the receiver more (sendfile's pages are freed
+/// and copied by the receiving side; docs/benchmarks.md, "Zero-copy sends").
 pub fn zero_copy_enabled() -> bool {
     match ZERO_COPY.load(Ordering::Relaxed) {
         ZC_UNKNOWN => {
-            let on = std::env::var_os(NO_ZERO_COPY_ENV).is_none_or(|v| v.is_empty() || v == "0");
+            let on = std::env::var_os(ZERO_COPY_ENV).is_some_and(|v| !v.is_empty() && v != "0");
             ZERO_COPY.store(if on { ZC_ON } else { ZC_OFF }, Ordering::Relaxed);
             on
         }
@@ -90,13 +91,15 @@ pub fn zero_copy_enabled() -> bool {
     }
 }
 
-/// Forces the copying path for the rest of the process (`--no-zero-copy`).
-pub fn disable_zero_copy() {
-    ZERO_COPY.store(ZC_OFF, Ordering::Relaxed);
+/// Sends plain transfers by `sendfile` for the rest of the process
+/// (`--zero-copy`).
+pub fn enable_zero_copy() {
+    ZERO_COPY.store(ZC_ON, Ordering::Relaxed);
 }
 
-/// The environment variable that forces the copying path (any value but `0`).
-pub const NO_ZERO_COPY_ENV: &str = "OXADB_NO_ZERO_COPY";
+/// The environment variable that turns the zero-copy path on (any value but
+/// `0`).
+pub const ZERO_COPY_ENV: &str = "OXADB_ZERO_COPY";
 
 const ZC_UNKNOWN: u8 = 0;
 const ZC_ON: u8 = 1;
@@ -676,10 +679,10 @@ mod tests {
     }
 
     #[test]
-    fn the_switch_turns_zero_copy_off() {
+    fn the_switch_turns_zero_copy_on() {
         // The environment variable is read once; the flag wins after it.
         let _ = zero_copy_enabled();
-        disable_zero_copy();
-        assert!(!zero_copy_enabled());
+        enable_zero_copy();
+        assert!(zero_copy_enabled());
     }
 }

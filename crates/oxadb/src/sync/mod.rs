@@ -258,7 +258,7 @@ pub struct TransferSummary {
 /// `sendfile`, or read into memory (docs/architecture.md, "Zero-copy transfers").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ZeroCopyStats {
-    /// Whether the zero-copy path was allowed (not `OXADB_NO_ZERO_COPY`, `--no-zero-copy`).
+    /// Whether the zero-copy path was allowed (`OXADB_ZERO_COPY`, `--zero-copy`).
     pub enabled: bool,
     /// Files sent as ranges.
     pub files: u64,
@@ -342,7 +342,7 @@ impl TransferSummary {
                     zc.files, zc.sendfile_bytes, zc.copied_bytes, zc.fallbacks
                 )
             } else {
-                "  zero-copy: off (OXADB_NO_ZERO_COPY or --no-zero-copy)".to_string()
+                "  zero-copy: off (on with OXADB_ZERO_COPY=1 or --zero-copy)".to_string()
             });
         }
         if let Some(window) = stats.window {

@@ -235,7 +235,7 @@ impl SyncSession {
     }
 
     /// Reads the file into buffers on a blocking thread (compressed pushes,
-    /// USB, non-regular files, `OXADB_NO_ZERO_COPY`).
+    /// USB, non-regular files, zero-copy off (the default)).
     async fn send_copying(
         &mut self,
         local: &Path,

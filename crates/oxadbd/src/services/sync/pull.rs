@@ -94,7 +94,7 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
     }
 
     /// Reads the file into buffers on a blocking thread (compressed pulls,
-    /// USB, non-regular files, `OXADB_NO_ZERO_COPY`).
+    /// USB, non-regular files, zero-copy off (the default)).
     async fn recv_copying(
         &mut self,
         path: PathBuf,

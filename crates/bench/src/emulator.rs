@@ -175,49 +175,39 @@ fn namespace_inode(path: &Path) -> Option<u64> {
 /// processes there, e.g. the adb server that `adb connect` forks). Returns how
 /// many there were.
 pub fn kill_processes_in(name: &str) -> usize {
-    let Some(inode) = namespace_inode(&netns_path(name)) else {
-        return 0;
-    };
-    let me = std::process::id();
-    let mut killed = 0;
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != me && namespace_inode(&entry.path().join("ns/net")) == Some(inode) {
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            killed += 1;
-        }
+    let pids = pids_in(name);
+    for &pid in &pids {
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
     }
-    killed
+    pids.len()
 }
 
 /// CPU seconds (user + system) of every process now in namespace `name`.
 /// Processes that exited are not counted: reap them with `wait4` for theirs.
 pub fn cpu_seconds_in(name: &str) -> f64 {
+    // A process may exit between the two reads: it counts as nothing.
+    pids_in(name)
+        .into_iter()
+        .map(|pid| crate::cpu_seconds(pid).unwrap_or(0.0))
+        .sum()
+}
+
+/// The processes in namespace `name`, this one aside.
+fn pids_in(name: &str) -> Vec<u32> {
     let Some(inode) = namespace_inode(&netns_path(name)) else {
-        return 0.0;
+        return Vec::new();
     };
     let me = std::process::id();
-    let mut seconds = 0.0;
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != me && namespace_inode(&entry.path().join("ns/net")) == Some(inode) {
-            // A process may exit between the two reads: it counts as nothing.
-            seconds += crate::cpu_seconds(pid).unwrap_or(0.0);
-        }
-    }
-    seconds
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            (pid != me && namespace_inode(&entry.path().join("ns/net")) == Some(inode))
+                .then_some(pid)
+        })
+        .collect()
 }
 
 fn netns_path(name: &str) -> PathBuf {

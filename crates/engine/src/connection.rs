@@ -1163,6 +1163,20 @@ impl Connection {
     /// Queues data for the stream; returns how much was taken (0: wait for
     /// [`Event::Writable`]).
     pub fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
+        self.append_within_limit(id, data.len(), |outgoing, taken| {
+            outgoing.extend_from_slice(&data[..taken])
+        })
+    }
+
+    /// Appends up to `len` bytes to the stream's send queue, as many as its
+    /// limit has room for (`append` queues the first `taken` of them), and
+    /// marks the writer blocked when that is not all.
+    fn append_within_limit(
+        &mut self,
+        id: StreamId,
+        len: usize,
+        append: impl FnOnce(&mut SendQueue, usize),
+    ) -> Result<usize, StreamError> {
         let limit = self.config.send_buffer;
         let stream = self
             .streams
@@ -1172,13 +1186,13 @@ impl Connection {
             return Err(StreamError::Closed(id));
         }
         let room = limit.saturating_sub(stream.outgoing.len());
-        let taken = room.min(data.len());
-        if taken < data.len() {
+        let taken = room.min(len);
+        if taken < len {
             stream.writer_blocked = true;
         }
         if taken > 0 {
             let was_empty = stream.outgoing.is_empty();
-            stream.outgoing.extend_from_slice(&data[..taken]);
+            append(&mut stream.outgoing, taken);
             stream.on_queued(was_empty, &mut self.sendable, id.0, self.now_ns);
         }
         Ok(taken)
@@ -1209,25 +1223,9 @@ impl Connection {
         id: StreamId,
         data: &mut Payload,
     ) -> Result<usize, StreamError> {
-        let limit = self.config.send_buffer;
-        let stream = self
-            .streams
-            .get_mut(&id.0)
-            .ok_or(StreamError::Unknown(id))?;
-        if stream.state.peer_closed() || stream.state.closing() {
-            return Err(StreamError::Closed(id));
-        }
-        let room = limit.saturating_sub(stream.outgoing.len());
-        let taken = room.min(data.len());
-        if taken < data.len() {
-            stream.writer_blocked = true;
-        }
-        if taken > 0 {
-            let was_empty = stream.outgoing.is_empty();
-            stream.outgoing.append_payload(data.split_to(taken));
-            stream.on_queued(was_empty, &mut self.sendable, id.0, self.now_ns);
-        }
-        Ok(taken)
+        self.append_within_limit(id, data.len(), |outgoing, taken| {
+            outgoing.append_payload(data.split_to(taken))
+        })
     }
 
     fn queue_payload(&mut self, id: StreamId, data: Payload) -> Result<(), StreamError> {

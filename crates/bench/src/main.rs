@@ -839,6 +839,9 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let names = ["raw TCP", "stream, burst", "stream, classic"];
     let mut rates: [Vec<f64>; 3] = Default::default();
+    // Both ends run in this process: its CPU per GiB is theirs together.
+    let mut cpu: [Vec<f64>; 3] = Default::default();
+    let gib = size as f64 / (1u64 << 30) as f64;
     for run in 0..runs {
         for step in 0..3 {
             let which = (run + step) % 3;
@@ -848,11 +851,13 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
             {
                 continue;
             }
+            let cpu_before = cpu_seconds(std::process::id())?;
             let elapsed = match which {
                 0 => raw_tcp(size)?,
                 1 => runtime.block_on(stream::one_stream(size, true))?,
                 _ => runtime.block_on(stream::one_stream(size, false))?,
             };
+            cpu[which].push((cpu_seconds(std::process::id())? - cpu_before) / gib);
             let rate = size as f64 / elapsed.as_secs_f64() / 1e6;
             eprintln!("run {} {:>15}: {rate:8.1} MB/s", run + 1, names[which]);
             rates[which].push(rate);
@@ -864,8 +869,8 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
         size >> 20
     );
     println!();
-    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP |");
-    println!("|---|---|---|---|");
+    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | CPU s/GiB, both ends |");
+    println!("|---|---|---|---|---|");
     let raw = if rates[0].is_empty() {
         f64::NAN
     } else {
@@ -876,11 +881,12 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
         let runs = list_runs(&rates[which]);
         let med = median(&mut rates[which]);
         println!(
-            "| {} | {} | {:.0} | {:.2} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} |",
             names[which],
             runs,
             med,
-            med / raw
+            med / raw,
+            median(&mut cpu[which])
         );
     }
     Ok(())

@@ -265,15 +265,7 @@ mod tests {
     /// timer and on readiness, and every byte arrives once, in order.
     #[tokio::test]
     async fn a_full_socket_is_refilled_and_nothing_is_lost_or_repeated() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_send_buffer_size(64 * 1024).unwrap();
-        let client = socket
-            .connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        let (_read_half, write_half) = client.into_split();
+        let (write_half, mut server) = pair().await;
 
         let mut batch = Vec::new();
         let mut expected = Vec::new();

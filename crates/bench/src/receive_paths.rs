@@ -202,15 +202,22 @@ pub fn receive_paths(size: u64, runs: usize, workdir: &Path) -> Result<()> {
         let mut raw = Vec::new();
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); ReceivePath::ALL.len()];
         let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); ReceivePath::ALL.len()];
+        // Both ends are threads of this process: its CPU is theirs together.
+        let mut both_ends: Vec<Vec<f64>> = vec![Vec::new(); ReceivePath::ALL.len() + 1];
+        let process_cpu = || crate::cpu_seconds(std::process::id());
         let gib = size as f64 / (1u64 << 30) as f64;
         for run in 0..runs {
+            let before = process_cpu()?;
             let rate = size as f64 / crate::raw_tcp(size)?.as_secs_f64() / 1e6;
+            both_ends[0].push((process_cpu()? - before) / gib);
             eprintln!("run {} raw TCP: {rate:.0} MB/s", run + 1);
             raw.push(rate);
             for step in 0..ReceivePath::ALL.len() {
                 let which = (run + step) % ReceivePath::ALL.len();
                 let path = ReceivePath::ALL[which];
+                let before = process_cpu()?;
                 let (elapsed, receiver_cpu) = copy_once(&source, &dest, path)?;
+                both_ends[which + 1].push((process_cpu()? - before) / gib);
                 ensure!(
                     crate::same_contents(&source, &dest)?,
                     "{}: the copy differs from the source",
@@ -229,21 +236,23 @@ pub fn receive_paths(size: u64, runs: usize, workdir: &Path) -> Result<()> {
             size >> 20
         );
         println!();
-        println!("| receive path | runs (MB/s) | median MB/s | vs raw TCP | receiver CPU s/GiB |");
-        println!("|---|---|---|---|---|");
+        println!("| receive path | runs (MB/s) | median MB/s | vs raw TCP | receiver CPU s/GiB | both ends CPU s/GiB |");
+        println!("|---|---|---|---|---|---|");
         let raw_median = crate::median(&mut raw.clone());
         println!(
-            "| raw TCP (no file) | {} | {raw_median:.0} | 1.00 | |",
-            crate::list_runs(&raw)
+            "| raw TCP (no file) | {} | {raw_median:.0} | 1.00 | | {:.2} |",
+            crate::list_runs(&raw),
+            crate::median(&mut both_ends[0])
         );
         for (which, path) in ReceivePath::ALL.iter().enumerate() {
             let list = crate::list_runs(&rates[which]);
             let med = crate::median(&mut rates[which]);
             println!(
-                "| {} | {list} | {med:.0} | {:.2} | {:.2} |",
+                "| {} | {list} | {med:.0} | {:.2} | {:.2} | {:.2} |",
                 path.name(),
                 med / raw_median,
-                crate::median(&mut cpu[which])
+                crate::median(&mut cpu[which]),
+                crate::median(&mut both_ends[which + 1])
             );
         }
         Ok(())

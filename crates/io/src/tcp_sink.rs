@@ -344,19 +344,7 @@ mod tests {
     /// A file of `len` patterned bytes, already unlinked.
     fn scratch_file(len: usize) -> std::fs::File {
         use std::io::Write;
-        let path = std::env::temp_dir().join(format!(
-            "oxadb-io-tcp-sink-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let mut file = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..len).map(|i| (i * 131 + i / 4099) as u8).collect();
         file.write_all(&data).unwrap();
         file

@@ -325,26 +325,9 @@ mod tests {
     use std::io::Write;
 
     fn file_with(data: &[u8]) -> Arc<SendFile> {
-        let mut file = tempfile_in_tmp();
+        let mut file = tempfile::tempfile().unwrap();
         file.write_all(data).unwrap();
         SendFile::new(file, Arc::default())
-    }
-
-    fn tempfile_in_tmp() -> File {
-        let path = std::env::temp_dir().join(format!(
-            "oxadb-wire-payload-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        file
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub use process::{
     tune_allocator,
 };
 pub use sink::{OutgoingPacket, PacketSink, StreamSink};
-pub use stream::{AdbStream, WriteChunk};
+pub use stream::{AdbStream, ReadChunk, WriteChunk};
 pub use tcp_sink::TcpSink;
 
 /// Why a connection ended.

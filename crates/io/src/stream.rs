@@ -1,5 +1,6 @@
 //! [`AdbStream`], one ADB stream as `AsyncRead + AsyncWrite`, and
-//! [`WriteChunk`], for writers that take owned chunks without copying.
+//! [`ReadChunk`] and [`WriteChunk`], for readers and writers that take owned
+//! chunks without copying.
 
 use std::io;
 use std::pin::Pin;
@@ -54,6 +55,34 @@ impl AdbStream {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// A reader that hands out received chunks without copying them; the sync
+/// service parses `DATA` frames in place and passes their payloads on.
+pub trait ReadChunk: AsyncRead + Unpin {
+    /// The next received chunk, at most `max` bytes; `None` at EOF.
+    fn read_chunk(
+        &mut self,
+        max: usize,
+    ) -> impl std::future::Future<Output = io::Result<Option<Bytes>>> + Send;
+}
+
+impl ReadChunk for AdbStream {
+    async fn read_chunk(&mut self, max: usize) -> io::Result<Option<Bytes>> {
+        AdbStream::read_chunk(self, max).await
+    }
+}
+
+/// In-memory pipes (tests) copy what they read into a new chunk.
+impl ReadChunk for tokio::io::DuplexStream {
+    async fn read_chunk(&mut self, max: usize) -> io::Result<Option<Bytes>> {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = bytes::BytesMut::with_capacity(max.min(64 * 1024));
+        Ok(match self.read_buf(&mut chunk).await? {
+            0 => None,
+            _ => Some(chunk.freeze()),
+        })
     }
 }
 

@@ -21,6 +21,7 @@
 //! reachable for a receiving path (`splice`) under the same atomicity rules.
 
 mod destination;
+mod inbox;
 mod sink;
 mod source;
 mod temp;
@@ -28,6 +29,7 @@ mod temp;
 mod testdata;
 
 pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
+pub use inbox::Inbox;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{
     enable_zero_copy, send_frames, zero_copy_enabled, BufferPool, FrameRanges, Framing, SendError,

@@ -2,6 +2,7 @@
 //! as one byte stream that ends at `DONE`, decompressed if asked, and written
 //! to a file (or any writer).
 
+use std::collections::VecDeque;
 use std::io::{self, BufRead, IoSlice, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,6 +22,9 @@ const DECODE_BUFFER: usize = 256 * 1024;
 pub enum Chunk {
     /// A `DATA` payload (or a piece of one).
     Data(Bytes),
+    /// Several payloads (or pieces) in order, handed over at once: one wakeup
+    /// of the file thread for all that one read of the stream brought.
+    Pieces(Vec<Bytes>),
     /// `DONE`: everything arrived. A push's `DONE` carries the mtime; a pull's is 0.
     Done { mtime: u32 },
 }
@@ -30,7 +34,8 @@ pub enum Chunk {
 /// fail with `ConnectionAborted` and [`ChunkReader::stopped`] says so.
 pub struct ChunkReader {
     queue: mpsc::Receiver<Chunk>,
-    chunk: Bytes,
+    /// Received and not yet read, oldest first; never holds an empty piece.
+    pieces: VecDeque<Bytes>,
     done_mtime: Option<u32>,
     stopped: bool,
     received: u64,
@@ -40,7 +45,7 @@ impl ChunkReader {
     pub fn new(queue: mpsc::Receiver<Chunk>) -> ChunkReader {
         ChunkReader {
             queue,
-            chunk: Bytes::new(),
+            pieces: VecDeque::new(),
             done_mtime: None,
             stopped: false,
             received: 0,
@@ -64,11 +69,16 @@ impl ChunkReader {
 
     fn take(&mut self, chunk: Chunk) {
         match chunk {
-            Chunk::Data(data) => {
-                self.received += data.len() as u64;
-                self.chunk = data;
-            }
+            Chunk::Data(data) => self.queue_piece(data),
+            Chunk::Pieces(pieces) => pieces.into_iter().for_each(|piece| self.queue_piece(piece)),
             Chunk::Done { mtime } => self.done_mtime = Some(mtime),
+        }
+    }
+
+    fn queue_piece(&mut self, piece: Bytes) {
+        if !piece.is_empty() {
+            self.received += piece.len() as u64;
+            self.pieces.push_back(piece);
         }
     }
 
@@ -84,7 +94,7 @@ impl ChunkReader {
     /// queued (`block: false`) or once it arrives. `None` at `DONE` (or,
     /// without `block`, when nothing is queued).
     fn next_piece(&mut self, block: bool) -> io::Result<Option<Bytes>> {
-        while self.chunk.is_empty() {
+        while self.pieces.is_empty() {
             if self.done_mtime.is_some() {
                 return Ok(None);
             }
@@ -102,23 +112,28 @@ impl ChunkReader {
                 None => return Err(self.aborted()),
             }
         }
-        Ok(Some(std::mem::take(&mut self.chunk)))
+        Ok(self.pieces.pop_front())
     }
 }
 
 impl BufRead for ChunkReader {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        while self.chunk.is_empty() && self.done_mtime.is_none() {
+        while self.pieces.is_empty() && self.done_mtime.is_none() {
             match self.queue.blocking_recv() {
                 Some(chunk) => self.take(chunk),
                 None => return Err(self.aborted()),
             }
         }
-        Ok(&self.chunk)
+        Ok(self.pieces.front().map_or(&[], |piece| &piece[..]))
     }
 
     fn consume(&mut self, amount: usize) {
-        let _ = self.chunk.split_to(amount.min(self.chunk.len()));
+        if let Some(front) = self.pieces.front_mut() {
+            let _ = front.split_to(amount.min(front.len()));
+            if front.is_empty() {
+                self.pieces.pop_front();
+            }
+        }
     }
 }
 
@@ -317,6 +332,34 @@ mod tests {
         receive(&mut reader, Compression::None, &mut out, &counter).unwrap();
         assert_eq!(out, data);
         assert_eq!(counter.load(Ordering::Relaxed), data.len() as u64);
+    }
+
+    #[test]
+    fn handed_over_pieces_read_as_one_stream_with_single_chunks() {
+        let data = sample(300_007);
+        let (chunks, queue) = mpsc::channel(2);
+        let sent = data.clone();
+        std::thread::spawn(move || {
+            let (batched, single) = sent.split_at(200_000);
+            let pieces = batched
+                .chunks(65_536)
+                .map(Bytes::copy_from_slice)
+                .chain([Bytes::new()])
+                .collect();
+            chunks.blocking_send(Chunk::Pieces(pieces)).unwrap();
+            chunks
+                .blocking_send(Chunk::Data(Bytes::copy_from_slice(single)))
+                .unwrap();
+            chunks.blocking_send(Chunk::Pieces(Vec::new())).unwrap();
+            chunks.blocking_send(Chunk::Done { mtime: 3 }).unwrap();
+        });
+        let mut reader = ChunkReader::new(queue);
+        let mut out = Vec::new();
+        let written = AtomicU64::new(0);
+        receive(&mut reader, Compression::None, &mut out, &written).unwrap();
+        assert_eq!(out, data);
+        assert_eq!(reader.received(), data.len() as u64);
+        assert_eq!(reader.done_mtime(), Some(3));
     }
 
     #[test]

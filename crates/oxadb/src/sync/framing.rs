@@ -6,7 +6,7 @@ use std::future::Future;
 use std::path::Path;
 use std::task::Poll;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use oxadb_wire::sync::{self as wire, SyncHeader, SyncRequest, TransferFlags, HEADER_LEN};
 use tokio::io::AsyncWriteExt;
 
@@ -146,10 +146,7 @@ impl SyncSession {
     }
 
     pub(super) fn push_chunk(&mut self, chunk: Bytes) {
-        if !chunk.is_empty() {
-            self.inbox_len += chunk.len();
-            self.inbox.push_back(chunk);
-        }
+        self.inbox.push(chunk);
     }
 
     /// The error for a stream that ended under us: the connection's end if
@@ -206,65 +203,25 @@ impl SyncSession {
     }
 
     pub(super) fn peek_header(&self) -> Option<SyncHeader> {
-        if self.inbox_len < HEADER_LEN {
-            return None;
-        }
-        let mut bytes = [0u8; HEADER_LEN];
-        let mut filled = 0;
-        for chunk in &self.inbox {
-            let take = (HEADER_LEN - filled).min(chunk.len());
-            bytes[filled..filled + take].copy_from_slice(&chunk[..take]);
-            filled += take;
-            if filled == HEADER_LEN {
-                break;
-            }
-        }
-        SyncHeader::parse(&bytes).ok()
+        self.inbox.peek_header()
     }
 
-    pub(super) fn consume(&mut self, mut amount: usize) {
-        while amount > 0 {
-            let front = self.inbox.front_mut().expect("enough buffered data");
-            let take = amount.min(front.len());
-            front.advance(take);
-            if front.is_empty() {
-                self.inbox.pop_front();
-            }
-            self.inbox_len -= take;
-            amount -= take;
-        }
+    pub(super) fn consume(&mut self, amount: usize) {
+        self.inbox.consume(amount)
     }
 
     /// Copies out `len` buffered bytes (which must be there).
     pub(super) fn take_vec(&mut self, len: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(len);
-        while out.len() < len {
-            let front = self.inbox.front_mut().expect("enough buffered data");
-            let take = (len - out.len()).min(front.len());
-            out.extend_from_slice(&front[..take]);
-            front.advance(take);
-            if front.is_empty() {
-                self.inbox.pop_front();
-            }
-            self.inbox_len -= take;
-        }
-        out
+        self.inbox.take_vec(len)
     }
 
     /// Up to `max` buffered bytes (at least one must be there), without copying.
     pub(super) fn take_piece(&mut self, max: usize) -> Bytes {
-        let front = self.inbox.front_mut().expect("buffered data");
-        let piece = if front.len() <= max {
-            self.inbox.pop_front().expect("a front chunk")
-        } else {
-            front.split_to(max)
-        };
-        self.inbox_len -= piece.len();
-        piece
+        self.inbox.take_piece(max)
     }
 
     pub(super) async fn read_vec(&mut self, len: usize) -> Result<Vec<u8>> {
-        while self.inbox_len < len {
+        while self.inbox.len() < len {
             self.fill().await?;
         }
         Ok(self.take_vec(len))

@@ -117,7 +117,7 @@ impl SyncSession {
                     let mut left = len;
                     let mut failed = None;
                     while left > 0 {
-                        if self.inbox_len == 0 {
+                        if self.inbox.is_empty() {
                             if let Err(error) = self.fill().await {
                                 failed = Some(error);
                                 break;

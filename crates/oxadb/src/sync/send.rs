@@ -13,6 +13,7 @@ use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
 use crate::error::{Error, Result};
 use oxadb_io::WriteChunk;
 use oxadb_transfer::{Framing, SendError, Source};
+use oxadb_wire::Payload;
 
 /// Pushes in flight before waiting for acknowledgements (adb's limit).
 pub(super) const MAX_UNACKED: usize = 128;
@@ -247,9 +248,12 @@ impl SyncSession {
         let mut reader = FrameReader::start(file, mode.compression);
         let mut sent = 0;
         while let Some(batch) = reader.next().await {
-            self.write_push(&batch).await?;
-            // Dropped, the batch's buffer goes back to the reading thread's pool.
-            drop(batch);
+            // Appended by reference, not copied: the batch's buffer goes back
+            // to the reading thread's pool once its last WRTE is sent.
+            if let Err(error) = self.stream.write_payload(Payload::from(batch), true).await {
+                self.collect_acks(true).await?;
+                return Err(self.stream_error(&error));
+            }
             let read = reader.newly_read();
             sent += read;
             progress.advance(read);
@@ -351,7 +355,7 @@ impl SyncSession {
                         if len > SYNC_DATA_MAX {
                             return Err(self.protocol_error(format!("FAIL message of {len} bytes")));
                         }
-                        if self.inbox_len >= HEADER_LEN + len {
+                        if self.inbox.len() >= HEADER_LEN + len {
                             self.consume(HEADER_LEN);
                             let message = self.take_vec(len);
                             let failed = self.unacked.pop_front().expect("a pending push");

@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use oxadb_io::AdbStream;
+use oxadb_transfer::Inbox;
 use oxadb_wire::sync as wire;
 
 use super::framing::READ_MAX;
@@ -90,8 +90,7 @@ pub struct SyncSession {
     pub(super) connection: oxadb_io::Connection,
     pub(super) features: SyncFeatures,
     /// Received bytes not consumed yet.
-    pub(super) inbox: VecDeque<Bytes>,
-    pub(super) inbox_len: usize,
+    pub(super) inbox: Inbox,
     pub(super) unacked: VecDeque<Unacked>,
     /// Why the service can't be used any more, once it can't.
     pub(super) ended: Option<String>,
@@ -113,8 +112,7 @@ impl SyncSession {
             serial: device.serial().to_string(),
             connection: device.connection().clone(),
             features,
-            inbox: VecDeque::new(),
-            inbox_len: 0,
+            inbox: Inbox::new(),
             unacked: VecDeque::new(),
             ended: None,
             ranges: Default::default(),

@@ -8,14 +8,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use oxadb_io::WriteChunk;
+use oxadb_io::{ReadChunk, WriteChunk};
 use oxadb_wire::sync::{self as wire, StatV1, StatV2};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use super::{Conn, Flow, SyncError};
 
-impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
     // ----- STAT, LST2, STA2 -----
 
     /// `STAT`: adbd answers with `lstat` and all-zero fields when it fails.

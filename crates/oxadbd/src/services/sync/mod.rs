@@ -49,17 +49,19 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use oxadb_io::WriteChunk;
+use bytes::Bytes;
+use oxadb_io::{ReadChunk, WriteChunk};
+use oxadb_transfer::Inbox;
 use oxadb_wire::sync::{self as wire, Compression, SyncHeader, HEADER_LEN};
 use oxadb_wire::RangeCounters;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
 pub use push::remove_unfinished_pushes;
 
-/// Buffer in front of the stream; holds a couple of `DATA` frames.
-const STREAM_READ_BUFFER: usize = 128 * 1024;
+/// Largest chunk taken from the stream at once: a whole WRTE payload (1 MiB
+/// at most), parsed in place.
+const STREAM_READ_MAX: usize = 1024 * 1024;
 
 /// Why the sync service stopped abnormally. Failures of file operations are not
 /// errors here: they are reported to the host with `FAIL`.
@@ -76,11 +78,11 @@ pub enum SyncError {
 /// Serves one `sync:` stream until the host sends `QUIT` or closes it.
 pub async fn serve<S>(stream: S) -> Result<(), SyncError>
 where
-    S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send + 'static,
 {
     let mut conn = Conn {
         stream,
-        buffer: BytesMut::new(),
+        inbox: Inbox::new(),
         ranges: Arc::default(),
     };
     let result = conn.serve_requests().await;
@@ -113,14 +115,14 @@ enum Flow {
 
 struct Conn<S> {
     stream: S,
-    /// Received and not yet parsed. `DATA` payloads are split off it as
-    /// `Bytes` and go to the file thread without another copy.
-    buffer: BytesMut,
+    /// Received and not yet parsed: the stream's chunks as they came, so
+    /// `DATA` payloads go to the file thread as slices of them, not copies.
+    inbox: Inbox,
     /// What happened to the file ranges of this stream's pulls.
     ranges: Arc<RangeCounters>,
 }
 
-impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
     async fn serve_requests(&mut self) -> Result<(), SyncError> {
         loop {
             let Some(header) = self.next_request_header().await? else {
@@ -160,11 +162,10 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
 
     /// Reads until `len` bytes are buffered; `false` if the stream ended first.
     async fn fill(&mut self, len: usize) -> io::Result<bool> {
-        while self.buffer.len() < len {
-            let room = (len - self.buffer.len()).max(STREAM_READ_BUFFER);
-            self.buffer.reserve(room);
-            if self.stream.read_buf(&mut self.buffer).await? == 0 {
-                return Ok(false);
+        while self.inbox.len() < len {
+            match self.stream.read_chunk(STREAM_READ_MAX).await? {
+                Some(chunk) => self.inbox.push(chunk),
+                None => return Ok(false),
             }
         }
         Ok(true)
@@ -194,7 +195,7 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
         if !self.fill(len).await? {
             return Err(SyncError::Truncated(during));
         }
-        Ok(self.buffer.split_to(len).freeze())
+        Ok(self.inbox.take_bytes(len))
     }
 
     async fn read_vec(&mut self, len: usize, during: &'static str) -> Result<Vec<u8>, SyncError> {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
-use oxadb_io::WriteChunk;
+use oxadb_io::{ReadChunk, WriteChunk};
 use oxadb_transfer::{send_frames, Framing, SendError, Source};
 use oxadb_wire::sync::{self as wire, Compression, TransferFlags};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -20,7 +20,7 @@ use super::{Conn, Flow, SyncError, TransferFailure};
 /// `Framing::DAEMON` sizes them).
 const PULL_QUEUE_DEPTH: usize = Framing::DAEMON.queue_depth;
 
-impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
     // ----- RECV, RCV2 -----
 
     /// `RCV2`: an `(id, flags)` setup frame follows the request.

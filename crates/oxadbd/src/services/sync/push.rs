@@ -8,24 +8,32 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 
-use oxadb_io::WriteChunk;
+use bytes::Bytes;
+use oxadb_io::{ReadChunk, WriteChunk};
 use oxadb_transfer::{
     create_beside, set_times_at, Attributes, Chunk, ChunkReader, DestError, Destination, Policy,
     ReceiveError, Step,
 };
-use oxadb_wire::sync::{self as wire, Compression, TransferFlags, SYNC_DATA_MAX};
+use oxadb_wire::sync::{self as wire, Compression, TransferFlags, HEADER_LEN, SYNC_DATA_MAX};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::{up_to_nul, Conn, Flow, SyncError, TransferFailure};
 
-/// `DATA` chunks (64 KiB each) queued between the stream and the file thread.
-const CHUNK_QUEUE_DEPTH: usize = 16;
+/// Hand-offs queued between the stream and the file thread: with at most
+/// PIECES_PER_HANDOFF payloads of 64 KiB each, about 2 MiB in all.
+const CHUNK_QUEUE_DEPTH: usize = 2;
+
+/// Payloads handed to the file thread at once at most (a 1 MiB WRTE's
+/// worth). Handing over each 64 KiB payload alone woke the thread for every
+/// one: 11.5k context switches in oxadbd per GiB pushed into a device node,
+/// 4.5k with 16 at once, and 0.30 -> 0.25 CPU s/GiB.
+const PIECES_PER_HANDOFF: usize = 16;
 /// A symlink target is at most PATH_MAX (4096) bytes including the NUL the client sends.
 const SYMLINK_TARGET_MAX: usize = 4096;
 
-impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
     // ----- SEND, SND2 -----
 
     /// `SEND`: the request path is `"<path>,<mode>"`, data is never compressed.
@@ -91,7 +99,14 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
         let worker = tokio::task::spawn_blocking(move || job.run(ChunkReader::new(queue)));
 
         let mut saw_done = false;
+        // Payloads gathered from what the stream already delivered, handed to
+        // the file thread before waiting for more (or at PIECES_PER_HANDOFF).
+        let mut gathered: Vec<Bytes> = Vec::new();
         let stream_problem = loop {
+            if self.inbox.len() < HEADER_LEN && !hand_over(&chunks, &mut gathered).await {
+                // The file thread stopped early: it failed and says why below.
+                break None;
+            }
             let header = match self.read_header("a push").await {
                 Ok(header) => header,
                 Err(e) => break Some(e),
@@ -106,18 +121,38 @@ impl<S: AsyncRead + AsyncWrite + WriteChunk + Unpin + Send> Conn<S> {
                             break Some(SyncError::Protocol(message));
                         }
                     };
-                    let payload = match self.read_bytes(len, "a push").await {
-                        Ok(payload) => payload,
-                        Err(e) => break Some(e),
-                    };
-                    if chunks.send(Chunk::Data(payload)).await.is_err() {
-                        // The file thread stopped early: it failed and says why below.
+                    // What is gathered goes before waiting for the rest.
+                    let file_thread_gone =
+                        self.inbox.len() < len && !hand_over(&chunks, &mut gathered).await;
+                    match self.fill(len).await {
+                        Ok(true) => {}
+                        Ok(false) => break Some(SyncError::Truncated("a push")),
+                        Err(e) => break Some(e.into()),
+                    }
+                    if file_thread_gone {
+                        // It failed and says why below; the drain goes on after this frame.
+                        self.inbox.consume(len);
+                        break None;
+                    }
+                    // As slices of the received chunks: a payload that straddles
+                    // two WRTEs goes as two pieces rather than copied together.
+                    let mut left = len;
+                    while left > 0 {
+                        let piece = self.inbox.take_piece(left);
+                        left -= piece.len();
+                        gathered.push(piece);
+                    }
+                    if gathered.len() >= PIECES_PER_HANDOFF
+                        && !hand_over(&chunks, &mut gathered).await
+                    {
                         break None;
                     }
                 }
                 wire::ID_DONE => {
                     saw_done = true;
-                    let _ = chunks.send(Chunk::Done { mtime: header.len }).await;
+                    if hand_over(&chunks, &mut gathered).await {
+                        let _ = chunks.send(Chunk::Done { mtime: header.len }).await;
+                    }
                     break None;
                 }
                 other => {
@@ -338,4 +373,16 @@ impl Write for LimitedBuffer<'_> {
 /// that is shutting down. Returns how many were removed.
 pub fn remove_unfinished_pushes() -> usize {
     Policy::DAEMON.remove_unfinished()
+}
+
+/// Queues the payloads `gathered` so far for the file thread (nothing when
+/// there are none); false once the file thread stopped taking them.
+async fn hand_over(chunks: &mpsc::Sender<Chunk>, gathered: &mut Vec<Bytes>) -> bool {
+    if gathered.is_empty() {
+        return true;
+    }
+    chunks
+        .send(Chunk::Pieces(std::mem::take(gathered)))
+        .await
+        .is_ok()
 }

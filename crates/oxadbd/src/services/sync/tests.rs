@@ -12,6 +12,7 @@ use std::os::unix::fs::symlink;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use tokio::io::AsyncReadExt;
 use tokio::io::DuplexStream;
 use tokio::task::JoinHandle;
 

@@ -1,0 +1,156 @@
+//! Received sync bytes as the stream delivered them: a queue of chunks that
+//! both roles parse in place, so `DATA` payloads leave as slices of the
+//! chunks (no copy) and only headers and request paths are copied out.
+
+use std::collections::VecDeque;
+
+use bytes::{Buf, Bytes, BytesMut};
+use oxadb_wire::sync::{SyncHeader, HEADER_LEN};
+
+/// Chunks received and not yet parsed, oldest first.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    chunks: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Inbox {
+    pub fn new() -> Inbox {
+        Inbox::default()
+    }
+
+    /// Bytes buffered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a received chunk (kept as it is, not copied).
+    pub fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.len += chunk.len();
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// The next sync header without consuming it; `None` until 8 bytes are
+    /// buffered.
+    pub fn peek_header(&self) -> Option<SyncHeader> {
+        if self.len < HEADER_LEN {
+            return None;
+        }
+        let mut bytes = [0u8; HEADER_LEN];
+        let mut filled = 0;
+        for chunk in &self.chunks {
+            let take = (HEADER_LEN - filled).min(chunk.len());
+            bytes[filled..filled + take].copy_from_slice(&chunk[..take]);
+            filled += take;
+            if filled == HEADER_LEN {
+                break;
+            }
+        }
+        SyncHeader::parse(&bytes).ok()
+    }
+
+    /// Drops `amount` buffered bytes (which must be there).
+    pub fn consume(&mut self, mut amount: usize) {
+        while amount > 0 {
+            let front = self.chunks.front_mut().expect("enough buffered data");
+            let take = amount.min(front.len());
+            front.advance(take);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            self.len -= take;
+            amount -= take;
+        }
+    }
+
+    /// Copies out `len` buffered bytes (which must be there).
+    pub fn take_vec(&mut self, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let piece = self.take_piece(len - out.len());
+            out.extend_from_slice(&piece);
+        }
+        out
+    }
+
+    /// `len` buffered bytes (which must be there) in one piece: a slice of
+    /// the front chunk when it holds them all, else copied together.
+    pub fn take_bytes(&mut self, len: usize) -> Bytes {
+        match self.chunks.front() {
+            Some(front) if front.len() >= len => self.take_piece(len),
+            _ => {
+                let mut out = BytesMut::with_capacity(len);
+                while out.len() < len {
+                    let piece = self.take_piece(len - out.len());
+                    out.extend_from_slice(&piece);
+                }
+                out.freeze()
+            }
+        }
+    }
+
+    /// Up to `max` buffered bytes (at least one must be there), without
+    /// copying: what is left of the front chunk, or its first `max` bytes.
+    pub fn take_piece(&mut self, max: usize) -> Bytes {
+        let front = self.chunks.front_mut().expect("buffered data");
+        let piece = if front.len() <= max {
+            self.chunks.pop_front().expect("a front chunk")
+        } else {
+            front.split_to(max)
+        };
+        self.len -= piece.len();
+        piece
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxadb_wire::sync::{self as wire};
+
+    fn inbox_of(chunks: &[&[u8]]) -> Inbox {
+        let mut inbox = Inbox::new();
+        for chunk in chunks {
+            inbox.push(Bytes::copy_from_slice(chunk));
+        }
+        inbox
+    }
+
+    #[test]
+    fn a_header_split_across_chunks_is_peeked_whole() {
+        let header = wire::encode_data_header(300);
+        let mut inbox = inbox_of(&[&header[..3], &header[3..], b"xyz"]);
+        assert_eq!(inbox.len(), 11);
+        let peeked = inbox.peek_header().expect("a header");
+        assert_eq!(peeked.id, wire::ID_DATA);
+        assert_eq!(peeked.len, 300);
+        inbox.consume(HEADER_LEN);
+        assert_eq!(inbox.len(), 3);
+        assert_eq!(inbox.take_vec(3), b"xyz");
+        assert!(inbox.is_empty());
+        assert!(inbox.peek_header().is_none());
+    }
+
+    #[test]
+    fn take_bytes_slices_the_front_chunk_and_joins_across_chunks() {
+        let first = Bytes::from_static(b"abcdef");
+        let mut inbox = Inbox::new();
+        inbox.push(first.clone());
+        inbox.push(Bytes::new());
+        inbox.push(Bytes::from_static(b"ghij"));
+        let head = inbox.take_bytes(4);
+        assert_eq!(&head[..], b"abcd");
+        // Within the front chunk: the same memory, not a copy.
+        assert_eq!(head.as_ptr(), first.as_ptr());
+        let joined = inbox.take_bytes(4);
+        assert_eq!(&joined[..], b"efgh");
+        assert_eq!(inbox.take_piece(100), Bytes::from_static(b"ij"));
+        assert_eq!(inbox.len(), 0);
+    }
+}

@@ -294,6 +294,23 @@ fn raw_tcp(size: u64) -> Result<Duration> {
     Ok(elapsed)
 }
 
+/// What a push into a device node does at the least, over raw TCP: the
+/// source file read 1 MiB at a time and sent, the receiver discarding it.
+fn raw_tcp_file_send(source: &Path) -> Result<Duration> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let start = Instant::now();
+    let receiver = std::thread::spawn(move || receive_all(&listener, |_| Ok(())));
+    let size = send_file(source, addr)?;
+    let received = receiver.join().expect("receiver thread")?;
+    let elapsed = start.elapsed();
+    ensure!(
+        received == size,
+        "raw TCP from the file moved {received} of {size} bytes"
+    );
+    Ok(elapsed)
+}
+
 /// What a pull does at the least, over raw TCP: one thread reads the source
 /// file and sends it, another receives it into a new file beside the pull
 /// destination (1 MiB at a time, four copies and a page allocation per 4 KiB
@@ -476,6 +493,9 @@ fn adb_server_pid(port: u16) -> Option<u32> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Transfer {
     RawTcp,
+    /// The source file read and sent over raw TCP, the receiver discarding
+    /// it: the floor under a push into the device node (or a pull into one).
+    RawFileSend,
     /// The copies a pull cannot avoid, over raw TCP: the floor under any pull.
     RawFileCopy,
     Client {
@@ -499,6 +519,7 @@ impl Transfer {
     fn name(&self) -> String {
         match self {
             Transfer::RawTcp => "raw TCP".to_string(),
+            Transfer::RawFileSend => "raw TCP from the file".to_string(),
             Transfer::RawFileCopy => "raw TCP file copy".to_string(),
             Transfer::Client { client, kind } => {
                 let kind = match kind {
@@ -602,8 +623,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         None
     };
 
-    // Transfers: raw TCP, push and pulls for each client, the raw file copy.
-    let mut transfers = vec![Transfer::RawTcp];
+    // Transfers: raw TCP (from memory and from the file), push and pulls for
+    // each client, the raw file copy.
+    let mut transfers = vec![Transfer::RawTcp, Transfer::RawFileSend];
     for client in &args.clients {
         let kinds: &[Kind] = if client == "adb" {
             &[Kind::Push, Kind::Pull]
@@ -643,6 +665,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             let which = (run + step) % count;
             let (elapsed, cpu, daemon) = match &transfers[which] {
                 Transfer::RawTcp => (raw_tcp(args.size)?, 0.0, 0.0),
+                Transfer::RawFileSend => (raw_tcp_file_send(&source)?, 0.0, 0.0),
                 Transfer::RawFileCopy => {
                     let _ = std::fs::remove_file(&pulled);
                     let elapsed = raw_tcp_file_copy(&source, &pulled)?;
@@ -751,8 +774,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         args.daemon_arg
     );
     println!();
-    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | vs raw file copy | vs adb 29 | client CPU s/GiB | oxadbd CPU s/GiB |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | vs raw TCP from the file | vs raw file copy | vs adb 29 | client CPU s/GiB | oxadbd CPU s/GiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let medians: Vec<f64> = seconds
         .iter()
         .map(|s| median(&mut s.iter().map(rate).collect::<Vec<_>>()))
@@ -767,6 +790,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         })
     };
     let raw_tcp_index = 0;
+    let raw_file_send = 1;
     let raw_file_copy = count - 1;
     for which in 0..count {
         let runs = seconds[which]
@@ -774,8 +798,20 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             .map(|s| format!("{:.0}", rate(s)))
             .collect::<Vec<_>>()
             .join(", ");
+        // Pushes and pulls into the device node read the file and discard
+        // what arrives, as the raw send from the file does.
+        let versus_file_send = match &transfers[which] {
+            Transfer::RawFileSend => "1.00".to_string(),
+            Transfer::Client {
+                kind: Kind::Push | Kind::PullToDevice,
+                ..
+            } => format!("{:.2}", medians[which] / medians[raw_file_send]),
+            _ => "-".to_string(),
+        };
         let (client, daemon, versus_adb, versus_file_copy) = match &transfers[which] {
-            Transfer::RawTcp => ("-".into(), "-".into(), "-".into(), "-".to_string()),
+            Transfer::RawTcp | Transfer::RawFileSend => {
+                ("-".into(), "-".into(), "-".into(), "-".to_string())
+            }
             Transfer::RawFileCopy => ("-".into(), "-".into(), "-".into(), "1.00".to_string()),
             Transfer::Client { kind, .. } => (
                 format!("{:.2}", per_gib(&client_cpu[which])),
@@ -791,11 +827,12 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             ),
         };
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} |",
             names[which],
             runs,
             medians[which],
             medians[which] / medians[raw_tcp_index],
+            versus_file_send,
             versus_file_copy,
             versus_adb,
             client,

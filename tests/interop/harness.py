@@ -95,8 +95,11 @@ class Daemon:
     """One oxadbd process on a free loopback port; stderr+stdout go to a file."""
 
     def __init__(self, exe: Path, workdir: Path, name: str = "oxadbd",
-                 args: tuple[str, ...] = (), rust_log: str | None = "debug"):
+                 args: tuple[str, ...] = (), rust_log: str | None = "debug",
+                 launcher: tuple[str, ...] = ()):
         self.exe = exe
+        # Run through this first (e.g. qemu-aarch64-static for a foreign binary).
+        self.launcher = tuple(launcher)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
@@ -124,7 +127,7 @@ class Daemon:
             log = open(self.log_path, "ab")
             try:
                 self.proc = subprocess.Popen(
-                    [str(self.exe), "--listen", f"127.0.0.1:{port}", *self.args],
+                    [*self.launcher, str(self.exe), "--listen", f"127.0.0.1:{port}", *self.args],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     env=env, cwd=str(self.workdir), umask=0o022)
             finally:

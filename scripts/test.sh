@@ -13,16 +13,22 @@
 #   6. checks formatting,
 #   7. runs clippy with warnings denied,
 #   8. runs the Rust tests,
-#   9. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
-#      and adb-shell against oxadbd,
-#  10. fuzzes the packet, banner, sync and shell-v2 parsers with cargo-fuzz
+#   9. builds the static board binaries (aarch64: oxadbd and oxadb, armv7:
+#      oxadbd) with scripts/release.sh (pinned Zig from PyPI and
+#      cargo-zigbuild into target/tools) and the amd64 Debian package with
+#      scripts/package-deb.sh (pinned cargo-deb), installing Debian's
+#      qemu-user-static (and systemd, for systemd-analyze) if missing,
+#  10. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
+#      and adb-shell against oxadbd, the static daemons under qemu-user and
+#      the package installed into a scratch root,
+#  11. fuzzes the packet, banner, sync and shell-v2 parsers with cargo-fuzz
 #      (scripts/fuzz.sh: pinned cargo-fuzz into target/tools, g++ if missing),
 #      each target for FUZZ_SECONDS over a copy of its seed corpus in fuzz/corpus,
-#  11. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
+#  12. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
 #      and runs a short `oxadb-bench emulated` (two network namespaces of its
 #      own, a 10 ms link): the link emulator, its cleanup and the clients
 #      through it,
-#  12. runs the USB tests in a qemu VM (scripts/usb-vm.sh: installs qemu,
+#  13. runs the USB tests in a qemu VM (scripts/usb-vm.sh: installs qemu,
 #      busybox-static and kmod, fetches Debian's kernel package without
 #      installing it) where dummy_hcd joins oxadbd's FunctionFS gadget to
 #      Google adb 29 and oxadb as USB hosts (tests/usb/suite.sh).
@@ -41,7 +47,7 @@ REPO="$(pwd)"
 ADB_WANT="29.0.6"
 START=$SECONDS
 PHASE=0
-PHASES=12
+PHASES=13
 
 phase() {
     PHASE=$((PHASE + 1))
@@ -135,6 +141,25 @@ cargo clippy --workspace --all-targets -- -D warnings
 # --------------------------------------------------------------------------------
 phase "cargo test --workspace --release"
 cargo test --workspace --release
+
+# --------------------------------------------------------------------------------
+phase "board builds: static aarch64 and armv7 binaries (scripts/release.sh), the amd64 .deb (scripts/package-deb.sh)"
+BOARD_PKGS=()
+command -v qemu-aarch64-static >/dev/null 2>&1 || BOARD_PKGS+=(qemu-user-static)
+command -v systemd-analyze >/dev/null 2>&1 || BOARD_PKGS+=(systemd)
+if [ "${#BOARD_PKGS[@]}" -gt 0 ]; then
+    echo "missing: ${BOARD_PKGS[*]}: installing Debian's package(s)"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${BOARD_PKGS[@]}"
+fi
+for tool in qemu-aarch64-static qemu-arm-static systemd-analyze dpkg-deb; do
+    command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is still missing (test_static_qemu.py and test_deb.py need it)"
+done
+# What the interop suite runs under qemu (test_static_qemu.py): both daemons,
+# and the aarch64 host CLI; the amd64 package wraps the x86_64 daemon.
+scripts/release.sh aarch64-unknown-linux-musl || die "the static aarch64 build failed"
+PACKAGES=oxadbd scripts/release.sh armv7-unknown-linux-musleabihf || die "the static armv7 build failed"
+scripts/package-deb.sh amd64 || die "building the amd64 package failed"
 
 # --------------------------------------------------------------------------------
 phase "interop: stock adb ${ADB_WANT} and 34.0.5, Tango and adb-shell against oxadbd (pytest tests/interop)"

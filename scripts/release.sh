@@ -81,8 +81,8 @@ for target in "${TARGETS[@]}"; do
     echo "==> ${target}: ${PACKAGES[*]}"
     BUILD_STD=()
     if ! rustup target list --installed | grep -qx "${target}"; then
-        if ! rustup target add "${target}"; then
-            echo "rustup has no standard library for ${target}: building it from source (rust-src)"
+        if ! added="$(rustup target add "${target}" 2>&1)"; then
+            echo "rustup has no standard library for ${target} ($(printf '%s\n' "${added}" | grep -m1 '^error' || true)): building it from source (rust-src)"
             rustup component add rust-src || die "rustup component add rust-src failed"
             BUILD_STD=(-Zbuild-std=std,panic_unwind)
         fi

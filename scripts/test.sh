@@ -15,7 +15,7 @@
 #   8. runs the Rust tests,
 #   9. builds the static board binaries (aarch64: oxadbd and oxadb, armv7:
 #      oxadbd) with scripts/release.sh (pinned Zig from PyPI and
-#      cargo-zigbuild into target/tools) and the amd64 Debian package with
+#      cargo-zigbuild into target/tools) and the amd64 and arm64 Debian packages with
 #      scripts/package-deb.sh (pinned cargo-deb), installing Debian's
 #      qemu-user-static (and systemd, for systemd-analyze) if missing,
 #  10. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
@@ -143,7 +143,7 @@ phase "cargo test --workspace --release"
 cargo test --workspace --release
 
 # --------------------------------------------------------------------------------
-phase "board builds: static aarch64 and armv7 binaries (scripts/release.sh), the amd64 .deb (scripts/package-deb.sh)"
+phase "board builds: static aarch64 and armv7 binaries (scripts/release.sh), the amd64 and arm64 .debs (scripts/package-deb.sh)"
 BOARD_PKGS=()
 command -v qemu-aarch64-static >/dev/null 2>&1 || BOARD_PKGS+=(qemu-user-static)
 command -v systemd-analyze >/dev/null 2>&1 || BOARD_PKGS+=(systemd)
@@ -159,7 +159,7 @@ done
 # and the aarch64 host CLI; the amd64 package wraps the x86_64 daemon.
 scripts/release.sh aarch64-unknown-linux-musl || die "the static aarch64 build failed"
 PACKAGES=oxadbd scripts/release.sh armv7-unknown-linux-musleabihf || die "the static armv7 build failed"
-scripts/package-deb.sh amd64 || die "building the amd64 package failed"
+scripts/package-deb.sh amd64 arm64 || die "building the amd64 and arm64 packages failed"
 
 # --------------------------------------------------------------------------------
 phase "interop: stock adb ${ADB_WANT} and 34.0.5, Tango and adb-shell against oxadbd (pytest tests/interop)"

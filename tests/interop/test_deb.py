@@ -1,9 +1,9 @@
-"""The Debian package of oxadbd (scripts/package-deb.sh, amd64): its
-contents, its units (systemd-analyze verify), an install into a scratch root
+"""The Debian packages of oxadbd (scripts/package-deb.sh): the amd64 and
+arm64 packages' contents, and for amd64 its units (systemd-analyze verify), an install into a scratch root
 whose installed binary and config serve adb 29, and an upgrade that keeps a
 changed config and keys file.
 
-scripts/test.sh builds target/deb/oxadbd_0.1.0-1_amd64.deb first; this test
+scripts/test.sh builds target/deb/oxadbd_0.1.0-1_{amd64,arm64}.deb first; this test
 builds the revision-2 package it upgrades to. Nothing here touches the
 machine's own dpkg database or services: installs go into a scratch root
 with `dpkg --root` (maintainer scripts see DPKG_ROOT and leave systemd
@@ -33,19 +33,20 @@ def run(*cmd: str, **kw) -> subprocess.CompletedProcess:
     return cp
 
 
-def package(revision: int) -> Path:
-    deb = DEB_DIR / f"oxadbd_{VERSION}-{revision}_amd64.deb"
+def package(revision: int, arch: str = "amd64") -> Path:
+    deb = DEB_DIR / f"oxadbd_{VERSION}-{revision}_{arch}.deb"
     if not deb.exists():
         if revision == 1:
-            pytest.fail(f"{deb} is missing: build it with `scripts/package-deb.sh amd64`")
+            pytest.fail(f"{deb} is missing: build it with `scripts/package-deb.sh {arch}`")
         run(str(REPO / "scripts" / "package-deb.sh"), "amd64",
             env={**os.environ, "DEB_REVISION": str(revision)})
     assert deb.exists(), deb
     return deb
 
 
-def test_package_contents():
-    deb = package(1)
+@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+def test_package_contents(arch):
+    deb = package(1, arch)
     listing = run("dpkg-deb", "-c", str(deb)).stdout.decode()
     modes = {}
     for line in listing.splitlines():
@@ -63,7 +64,7 @@ def test_package_contents():
     for path, mode in expected.items():
         assert modes.get(path) == mode, f"{path}: {modes.get(path)} in\n{listing}"
     fields = run("dpkg-deb", "-f", str(deb), "Package", "Architecture", "Version").stdout.decode()
-    assert "Package: oxadbd" in fields and "Architecture: amd64" in fields, fields
+    assert "Package: oxadbd" in fields and f"Architecture: {arch}" in fields, fields
     info = Path(run("mktemp", "-d").stdout.decode().strip())
     try:
         run("dpkg-deb", "-e", str(deb), str(info))

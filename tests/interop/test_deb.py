@@ -35,6 +35,9 @@ def run(*cmd: str, **kw) -> subprocess.CompletedProcess:
 
 def package(revision: int, arch: str = "amd64") -> Path:
     deb = DEB_DIR / f"oxadbd_{VERSION}-{revision}_{arch}.deb"
+    if revision > 1:
+        # Always made anew from the current build, never an older leftover.
+        deb.unlink(missing_ok=True)
     if not deb.exists():
         if revision == 1:
             pytest.fail(f"{deb} is missing: build it with `scripts/package-deb.sh {arch}`")

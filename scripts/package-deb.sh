@@ -48,7 +48,9 @@ mkdir -p target/deb
 BUILT=()
 for arch in "${ARCHES[@]}"; do
     target="$(target_of "${arch}")"
-    PACKAGES=oxadbd scripts/release.sh "${target}"
+    # Both binaries, as a plain release.sh run builds them: the same feature
+    # set, so a target already built is not built again.
+    scripts/release.sh "${target}"
     out="$(cargo deb -p oxadbd --no-build --no-strip --profile dist --target "${target}" \
         --deb-revision "${DEB_REVISION}" --output target/deb 2>&1 | tail -n 1)" ||
         die "cargo deb for ${arch} failed: ${out}"

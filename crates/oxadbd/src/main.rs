@@ -1,6 +1,8 @@
 //! `oxadbd`: the daemon binary.
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -163,8 +165,35 @@ fn trust_key(
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line, like oxadb's: a service manager's log shows the cause
+            // where the operator looks.
+            eprintln!("oxadbd: error: {}", one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes joined by ": ", each cause left out when the
+/// text before already says it (many errors quote their source).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     if args.zero_copy {
         oxadb_transfer::enable_zero_copy();
     }
@@ -182,8 +211,13 @@ fn main() -> anyhow::Result<()> {
         1 => "debug",
         _ => "trace",
     };
+    // Colour only for a person at a terminal: a service manager's journal or
+    // a log file gets plain text (and NO_COLOR is honoured, https://no-color.org).
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
@@ -361,4 +395,32 @@ fn main() -> anyhow::Result<()> {
     // wait for anything else.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+    use anyhow::Context as _;
+
+    #[test]
+    fn errors_print_on_one_line_without_repeating_a_cause() {
+        let in_use = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let error = Err::<(), _>(in_use)
+            .context("listening on 127.0.0.1:5555")
+            .unwrap_err();
+        assert_eq!(
+            one_line(&error),
+            "listening on 127.0.0.1:5555: address in use"
+        );
+        // A config error quotes its source already.
+        let quoted = oxadbd::config::FileConfig::load(Some(std::path::Path::new(
+            "/nonexistent/oxadbd.toml",
+        )))
+        .unwrap_err();
+        let text = one_line(&anyhow::Error::new(quoted));
+        assert_eq!(
+            text,
+            "reading config file /nonexistent/oxadbd.toml: No such file or directory (os error 2)"
+        );
+    }
 }

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use oxadbd::config::{self, Access, AccessFlags, DaemonConfig, FileConfig, UsbConfig, UsbFlags};
+use oxadbd::config::{
+    self, Access, AccessFlags, DaemonConfig, FileConfig, Keyless, UsbConfig, UsbFlags,
+};
 
 /// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
 /// unchanged (`adb connect 127.0.0.1:5555`).
@@ -16,8 +18,8 @@ struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// Address to listen on [default: 127.0.0.1:5555; with --usb, no TCP
-    /// unless given]. Beyond loopback, hosts must authenticate (see --auth)
-    /// unless --insecure is given.
+    /// unless given]. Hosts must authenticate, except loopback peers owned
+    /// by root or the daemon's own user (see --auth, --trust-local-users).
     #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
     /// Serve ADB over USB as a FunctionFS gadget function (see --ffs-dir).
@@ -39,9 +41,9 @@ struct Args {
     usb_udc: Option<String>,
     /// Configuration file (TOML; keys: listen, usb, ffs-dir, usb-gadget,
     /// usb-udc, shell, product-name, product-model, product-device, credit,
-    /// delayed-ack, memory-budget, ack-headroom, auth, keys, accept-new-keys,
-    /// insecure, max-connections, max-streams, handshake-timeout,
-    /// auth-timeout, stalled-stream-timeout).
+    /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
+    /// keys, accept-new-keys, insecure, max-connections, max-streams,
+    /// handshake-timeout, auth-timeout, stalled-stream-timeout).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -79,15 +81,23 @@ struct Args {
     /// measuring what it brings).
     #[arg(long)]
     no_ack_headroom: bool,
-    /// Hosts must sign a token with a key in the keys file, as adbd requires
-    /// [default: on beyond loopback, off on loopback].
+    /// Every host must sign a token with a key in the keys file, as adbd
+    /// requires, root on loopback included [default: every host but
+    /// loopback peers owned by root or the daemon's own user].
     #[arg(long, overrides_with = "no_auth")]
     auth: bool,
-    /// Let hosts in without authentication (beyond loopback only with --insecure).
+    /// Let every host in without a key, every local user included (beyond
+    /// loopback only with --insecure). Warned at every start.
     #[arg(long, overrides_with = "auth")]
     no_auth: bool,
+    /// Let every local user in over loopback without a key, not only root
+    /// and the daemon's own user; other hosts still need one. Warned at
+    /// every start.
+    #[arg(long)]
+    trust_local_users: bool,
     /// Authorized host keys, one `adbkey.pub` line each (adb's `adb_keys`
-    /// format) [default: /etc/oxadbd/adb_keys]. Re-read at every attempt.
+    /// format), for every host that must authenticate [default:
+    /// /etc/oxadbd/adb_keys]. Re-read at every attempt.
     #[arg(long, value_name = "PATH")]
     keys: Option<PathBuf>,
     /// Trust any public key a host offers and append it to the keys file
@@ -257,6 +267,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 None
             },
+            trust_local_users: args.trust_local_users,
             keys: args.keys,
             accept_new_keys: args.accept_new_keys,
             insecure: args.insecure,
@@ -303,35 +314,29 @@ fn run(args: Args) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let result = runtime.block_on(async {
-        tracing::info!(
+        tracing::debug!(
             shell = %config.shell.display(),
             credit = %config.credit,
-            memory_budget = config.memory_budget.limit,
-            per_stream_cap = config.memory_budget.per_stream_cap,
+            memory_budget = %oxadb_io::format_size(config.memory_budget.limit),
+            per_stream_cap = %oxadb_io::format_size(config.memory_budget.per_stream_cap),
             ack_headroom = config.ack_headroom,
-            auth = config.access.require_auth,
             keys = %config.access.keys.display(),
             max_connections = config.access.max_connections,
             max_streams = config.access.max_streams,
-            "oxadbd starting"
+            "settings"
         );
+        for unused in &config.access.unused {
+            tracing::warn!("{unused}");
+        }
         let listener = match tcp.then_some(config.listen) {
-            Some(listen) => {
-                let listener = tokio::net::TcpListener::bind(listen)
+            Some(listen) => Some(
+                tokio::net::TcpListener::bind(listen)
                     .await
-                    .with_context(|| format!("listening on {listen}"))?;
-                let local = listener.local_addr()?;
-                tracing::info!("listening on {local}");
-                if config.access.is_insecure_exposure(local) {
-                    tracing::warn!(
-                        "--insecure: listening on {local} WITHOUT authentication; anyone who \
-                         can reach this address gets a root shell"
-                    );
-                }
-                Some(listener)
-            }
+                    .with_context(|| format!("listening on {listen}"))?,
+            ),
             None => None,
         };
+        let local = listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let function = match &usb {
             Some(usb) => {
                 let function = oxadb_ffs::FunctionFs::open(&usb.ffs_dir)?;
@@ -342,15 +347,51 @@ fn run(args: Args) -> anyhow::Result<()> {
                         std::path::Path::new(oxadb_ffs::UDC_CLASS_DIR),
                     )?;
                 }
-                if !config.access.require_auth {
-                    tracing::warn!(
-                        "--no-auth over USB: any host plugged into this device gets a root shell"
-                    );
-                }
                 Some(function)
             }
             None => None,
         };
+        // The one line a service manager shows: where, who needs a key, and
+        // how to trust one.
+        let places = [
+            local.map(|local| local.to_string()),
+            usb.as_ref()
+                .map(|usb| format!("USB ({})", usb.ffs_dir.display())),
+        ];
+        let places: Vec<String> = places.into_iter().flatten().collect();
+        let access = &config.access;
+        let euid = rustix::process::geteuid().as_raw();
+        let mut line = format!(
+            "listening on {}; {}",
+            places.join(" and "),
+            access.describe(local, euid, access.keys.exists())
+        );
+        if let Some(command) = access.trust_command() {
+            line.push_str(&format!("; to trust a host: {command}"));
+        }
+        tracing::info!("{line}");
+        if let Some(local) = local.filter(|&local| access.is_insecure_exposure(local)) {
+            tracing::warn!(
+                "--insecure: listening on {local} WITHOUT authentication; anyone who \
+                 can reach this address gets a root shell"
+            );
+        } else if let Some(local) = local.filter(|_| access.keyless == Keyless::Everyone) {
+            tracing::warn!(
+                "--no-auth: listening on {local} WITHOUT authentication; every local user \
+                 gets a root shell"
+            );
+        }
+        if usb.is_some() && access.keyless == Keyless::Everyone {
+            tracing::warn!(
+                "--no-auth over USB: any host plugged into this device gets a root shell"
+            );
+        }
+        if access.keyless == Keyless::LocalUsers {
+            tracing::warn!(
+                "--trust-local-users: every local user who connects over loopback gets a \
+                 root shell WITHOUT a key"
+            );
+        }
         if config.access.accept_new_keys {
             tracing::warn!(
                 keys = %config.access.keys.display(),

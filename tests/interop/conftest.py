@@ -87,9 +87,10 @@ def fresh_daemon(oxadbd_bin, tmp_path):
     """Factory: start a daemon private to this test (stopped at teardown)."""
     made: list[Daemon] = []
 
-    def make(name: str = "oxadbd", args: tuple[str, ...] = ()) -> Daemon:
+    def make(name: str = "oxadbd", args: tuple[str, ...] = (), **kw) -> Daemon:
+        """`kw`: `host`, `prefix`, `env`, `rust_log` (see harness.Daemon)."""
         d = _new_daemon(oxadbd_bin, tmp_path / f"daemon-{name}-{len(made)}", name=name,
-                        args=args)
+                        args=args, **kw)
         made.append(d)
         return d
 

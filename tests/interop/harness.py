@@ -2,7 +2,9 @@
 
 Nothing here touches anything outside the test's own temporary directories and
 the loopback ports it picked:
-  * oxadbd listens on a free 127.0.0.1 port and is stopped via its Popen object;
+  * oxadbd listens on a free 127.0.0.1 (or ::1) port and is stopped via its
+    Popen object (also when it runs as another user through `setpriv`, which
+    execs it: the Popen pid is the daemon's);
   * the adb server runs on a private port (`adb -P PORT`) with a private HOME
     (so ~/.android/adbkey lands in a temp dir) and a private TMPDIR (so the
     server log, adb.<uid>.log, does too), and is always stopped with
@@ -30,15 +32,17 @@ ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 ADB_TIMEOUT = 60
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A currently free loopback TCP port from the kernel's ephemeral range.
 
     The ephemeral range (32768+) never overlaps 5555..5585, which adb servers
     started without ADB_EMU=0 (other people's) poll for emulators: a daemon
-    there would be auto-connected by them.
+    there would be auto-connected by them. `host` may be an IPv6 address
+    (`::1`, `::ffff:127.0.0.1`); binding it fails loudly if it is unavailable.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         port = s.getsockname()[1]
     assert not 5554 <= port <= 5586
     return port
@@ -91,53 +95,80 @@ def strip_ansi(b: bytes) -> bytes:
     return ANSI.sub(b"", b)
 
 
+def setpriv(uid: int, gid: int) -> tuple[str, ...]:
+    """The argv prefix that runs a command as `uid`:`gid` with no
+    supplementary groups (util-linux's setpriv execs it: same pid)."""
+    return ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups")
+
+
 class Daemon:
-    """One oxadbd process on a free loopback port; stderr+stdout go to a file."""
+    """One oxadbd process on a free loopback port; stderr+stdout go to a file.
+
+    `host` is the loopback address to listen on (`127.0.0.1`, `::1`,
+    `::ffff:127.0.0.1`); `prefix` runs the daemon through another program
+    (e.g. `setpriv(...)`, to run it as another user); `env` adds to its
+    environment.
+    """
 
     def __init__(self, exe: Path, workdir: Path, name: str = "oxadbd",
                  args: tuple[str, ...] = (), rust_log: str | None = "debug",
-                 launcher: tuple[str, ...] = ()):
+                 host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
         self.exe = exe
-        # Run through this first (e.g. qemu-aarch64-static for a foreign binary).
-        self.launcher = tuple(launcher)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
         self.args = tuple(args)
         self.rust_log = rust_log
+        self.host = host
+        self.prefix = tuple(prefix)
+        self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
     @property
+    def listen(self) -> str:
+        """The --listen address, as the daemon prints it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
     def serial(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """What adb connects to: a mapped address is reached over IPv4."""
+        host = self.host.removeprefix("::ffff:")
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{self.port}"
+
+    @property
+    def connect_host(self) -> str:
+        """The address a raw socket connects to."""
+        return self.host.removeprefix("::ffff:")
 
     def start(self, timeout: float = 20.0) -> "Daemon":
         if not self.exe.exists():
             raise AssertionError(
                 f"oxadbd binary not found at {self.exe} (set OXADBD or run "
                 f"`cargo build --release -p oxadbd`)")
-        env = clean_env()
+        env = clean_env(**self.env)
         if self.rust_log:
             env["RUST_LOG"] = self.rust_log
         last_err = ""
         for _attempt in range(3):
-            port = free_port()
+            self.port = free_port(self.host)
             start_at = self.log_size()
             log = open(self.log_path, "ab")
             try:
                 self.proc = subprocess.Popen(
-                    [*self.launcher, str(self.exe), "--listen", f"127.0.0.1:{port}", *self.args],
+                    [*self.prefix, str(self.exe), "--listen", self.listen, *self.args],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     env=env, cwd=str(self.workdir), umask=0o022)
             finally:
                 log.close()
-            want = f"listening on 127.0.0.1:{port}".encode()
+            want = f"listening on {self.listen}".encode()
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 text = self.log_since(start_at)
                 if want in text:
-                    self.port = port
                     return self
                 if self.proc.poll() is not None:
                     break
@@ -150,7 +181,7 @@ class Daemon:
                 continue  # lost a port race; try another port
             break
         raise AssertionError(
-            f"oxadbd did not print 'listening on 127.0.0.1:PORT' within {timeout}s: {last_err}")
+            f"oxadbd did not print 'listening on {self.listen}' within {timeout}s: {last_err}")
 
     def log_size(self) -> int:
         try:
@@ -221,15 +252,25 @@ class AdbResult:
 
 
 class AdbServer:
-    """A private Google adb server: own port, own HOME, own TMPDIR."""
+    """A private Google adb server: own port, own HOME, own TMPDIR.
 
-    def __init__(self, adb: str, workdir: Path):
+    With `user=(uid, gid)` every adb command (the server included) runs as
+    that user through setpriv; `workdir` must then be reachable by it, and
+    its HOME and TMPDIR are made its own.
+    """
+
+    def __init__(self, adb: str, workdir: Path, user: tuple[int, int] | None = None):
         self.adb = adb
         self.workdir = workdir
+        self.user = user
         self.home = workdir / "home"
         self.tmp = workdir / "tmp"
         self.home.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            for d in (workdir, self.home, self.tmp):
+                os.chown(d, *user)
+        self.prefix = setpriv(*user) if user is not None else ()
         self.port = free_port()
         # ADB_EMU=0: no scan of 127.0.0.1:5555..5585 for emulators (it would
         # attach any other adbd on the machine, e.g. an oxadbd on its default
@@ -240,10 +281,11 @@ class AdbServer:
 
     @property
     def log_path(self) -> Path:
-        return self.tmp / f"adb.{os.getuid()}.log"
+        uid = self.user[0] if self.user is not None else os.getuid()
+        return self.tmp / f"adb.{uid}.log"
 
     def argv(self, *args: str, serial: str | None = None) -> list[str]:
-        cmd = [self.adb, "-P", str(self.port)]
+        cmd = [*self.prefix, self.adb, "-P", str(self.port)]
         if serial:
             cmd += ["-s", serial]
         return cmd + list(args)
@@ -260,7 +302,7 @@ class AdbServer:
             raise AssertionError(
                 f"`{' '.join(cmd)}` did not finish within {timeout}s; "
                 f"stdout={e.stdout!r:.2000} stderr={e.stderr!r:.2000}") from None
-        return AdbResult(cmd[3 if not serial else 5:], cp)
+        return AdbResult(cmd[len(self.prefix) + (3 if not serial else 5):], cp)
 
     def popen(self, *args: str, serial: str | None = None, **kw) -> subprocess.Popen:
         kw.setdefault("stdin", subprocess.DEVNULL)

@@ -80,9 +80,9 @@ def test_memory_budget_shrinks_the_opening_grant_and_is_logged(fresh_daemon):
     # floor every stream keeps, so the opening grant is exactly one packet.
     small = fresh_daemon("small", args=("--memory-budget", "4M"))
     assert _initial_grant(small.port, 1 << 20) == 1 << 20
-    # The settings are logged once at start, before any transport (TCP or USB).
-    line = small.wait_for_log(lambda l: "oxadbd starting" in l)
-    assert line and "memory_budget=4194304" in line and "per_stream_cap=524288" in line, line
+    # The settings are logged once at start (at debug), sizes in binary units.
+    line = small.wait_for_log(lambda l: "DEBUG" in l and " settings " in l)
+    assert line and "memory_budget=4 MiB" in line and "per_stream_cap=512 KiB" in line, line
     roomy = fresh_daemon("roomy", args=("--memory-budget", "64M"))
     assert _initial_grant(roomy.port, 1 << 20) == 2 << 20
 

@@ -50,7 +50,7 @@ def static_binary(arch: str, name: str) -> tuple[Path, str]:
 @pytest.fixture(params=sorted(ARCHES))
 def foreign_daemon(request, tmp_path, adb_server):
     exe, qemu = static_binary(request.param, "oxadbd")
-    d = _new_daemon(exe, tmp_path / "daemon", launcher=(qemu,),
+    d = _new_daemon(exe, tmp_path / "daemon", prefix=(qemu,),
                     args=("--keys", str(tmp_path / "adb_keys")))
     try:
         adb_server.connect(d.serial, timeout=60)

@@ -33,8 +33,8 @@ pub use auth::{Auth, AuthResponder, Authenticator};
 pub use connection::{tcp_halves, Connection, Incoming};
 pub use oxadb_engine::{AuthReply, Peer, StreamStats};
 pub use process::{
-    available_memory, default_budget_limits, parse_credit_mode, parse_size, process_budget,
-    tune_allocator,
+    available_memory, default_budget_limits, format_size, parse_credit_mode, parse_size,
+    process_budget, tune_allocator,
 };
 pub use sink::{OutgoingPacket, PacketSink, StreamSink};
 pub use stream::{AdbStream, ReadChunk, WriteChunk};

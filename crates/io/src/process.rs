@@ -57,6 +57,22 @@ pub fn parse_credit_mode(text: &str) -> Result<oxadb_engine::CreditMode, String>
         .ok_or_else(|| format!("unknown credit mode '{text}' (expected classic, aosp or adaptive)"))
 }
 
+/// `bytes` for people (and logs): `64 MiB`, `1.5 GiB`, `512 B`; whole
+/// numbers without a fraction, others to one decimal.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    let scale = 1u64 << (10 * unit);
+    if bytes.is_multiple_of(scale) {
+        format!("{} {}", bytes / scale, UNITS[unit])
+    } else {
+        format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
+    }
+}
+
 /// A size such as `65536`, `64K`, `64M` or `1G` (powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();

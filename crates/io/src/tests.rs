@@ -189,3 +189,13 @@ fn sizes_take_binary_suffixes() {
     assert!(parse_size("12X").unwrap_err().contains("unit"));
     assert!(parse_size("").is_err());
 }
+
+#[test]
+fn sizes_print_in_binary_units() {
+    assert_eq!(format_size(67_108_864), "64 MiB");
+    assert_eq!(format_size(3 << 29), "1.5 GiB");
+    assert_eq!(format_size(512 << 10), "512 KiB");
+    assert_eq!(format_size(1023), "1023 B");
+    assert_eq!(format_size(0), "0 B");
+    assert_eq!(format_size(1536), "1.5 KiB");
+}

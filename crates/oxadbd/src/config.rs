@@ -38,6 +38,12 @@ pub enum ConfigError {
     UnauthenticatedExposure(SocketAddr),
     #[error("config file {path}: {message}")]
     BadValue { path: PathBuf, message: String },
+    #[error("{setting} cannot be used with {mode}: {why}; drop one of them")]
+    Contradiction {
+        setting: String,
+        mode: String,
+        why: &'static str,
+    },
 }
 
 /// The `[daemon]`-less flat TOML file; every key is optional.
@@ -58,9 +64,12 @@ pub struct FileConfig {
     /// `false` turns off the adaptive window's headroom for clumped
     /// deliveries (for ablation runs).
     pub ack_headroom: Option<bool>,
-    /// `true`: hosts must authenticate even on loopback; `false`: they need
-    /// not (refused beyond loopback unless `insecure = true`).
+    /// `true`: every host must authenticate, root on loopback included;
+    /// `false`: none need to (refused beyond loopback unless `insecure = true`).
     pub auth: Option<bool>,
+    /// Let every local user in over loopback without a key (by default only
+    /// root and the daemon's own user are).
+    pub trust_local_users: Option<bool>,
     /// The authorized keys file (adb's `adb_keys` format).
     pub keys: Option<PathBuf>,
     /// Trust and record any public key a host offers (trust on first use).
@@ -209,11 +218,27 @@ impl UsbConfig {
     }
 }
 
+/// Which hosts get in without a key; every other host must sign a token
+/// with a key in the keys file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keyless {
+    /// `--auth`: nobody.
+    Nobody,
+    /// The default: loopback TCP peers whose socket belongs to root or to
+    /// the daemon's own user, who can read the keys file or become root
+    /// anyway (docs/security.md).
+    LocalOwners,
+    /// `--trust-local-users`: every loopback TCP peer, whoever owns it.
+    LocalUsers,
+    /// `--no-auth`, or `--insecure` alone beyond loopback: every host, USB
+    /// ones included.
+    Everyone,
+}
+
 /// Who may connect, and how much of the daemon a connection may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
-    /// Hosts must sign a token with a key in `keys`.
-    pub require_auth: bool,
+    pub keyless: Keyless,
     pub keys: PathBuf,
     pub accept_new_keys: bool,
     /// Listening beyond loopback without authentication was asked for.
@@ -224,6 +249,9 @@ pub struct Access {
     pub auth_timeout: Duration,
     /// `None`: stalled streams are kept.
     pub stalled_stream_timeout: Option<Duration>,
+    /// Config-file keys a command-line flag made pointless, with why (warned
+    /// at start: the flag wins, but a setting is never dropped silently).
+    pub unused: Vec<String>,
 }
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
@@ -238,6 +266,7 @@ pub const DEFAULT_STALLED_STREAM_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct AccessFlags {
     /// `--auth` (`Some(true)`) or `--no-auth` (`Some(false)`).
     pub auth: Option<bool>,
+    pub trust_local_users: bool,
     pub keys: Option<PathBuf>,
     pub accept_new_keys: bool,
     pub insecure: bool,
@@ -251,32 +280,102 @@ pub struct AccessFlags {
 }
 
 impl Access {
-    /// Flags over the file over defaults. Authentication is on by default
-    /// over USB and beyond loopback (unless `insecure`), off on loopback
-    /// alone (where only local users reach the daemon); `--auth` turns it on
-    /// anywhere, `--no-auth` off (beyond loopback only with `insecure`; over
-    /// USB it is the operator's call, warned at start). One setting covers
-    /// every transport of the daemon. `listen` is the TCP address (USB
-    /// alone: the default loopback one, which exposes nothing).
+    /// Flags over the file over defaults. Every host must authenticate,
+    /// except loopback TCP peers owned by root or the daemon's user
+    /// ([`Keyless::LocalOwners`]); `--trust-local-users` lets every loopback
+    /// peer in, `--auth` nobody, `--no-auth` everybody (beyond loopback only
+    /// with `insecure`, which alone also means no keys there; over USB it is
+    /// the operator's call, warned at start). One setting covers every
+    /// transport of the daemon. `listen` is the TCP address (USB alone: the
+    /// default loopback one, which exposes nothing). A setting the others
+    /// make meaningless is an error, unless a flag overrode a config-file
+    /// key (then it is listed in `unused`).
     pub fn resolve(
         listen: SocketAddr,
         flags: &AccessFlags,
         file: &FileConfig,
     ) -> Result<Access, ConfigError> {
         let insecure = flags.insecure || file.insecure == Some(true);
-        let loopback = listen.ip().is_loopback();
-        let require_auth = flags
-            .auth
-            .or(file.auth)
-            .unwrap_or(flags.usb || (!loopback && !insecure));
-        if !require_auth && !loopback && !insecure {
+        let loopback = crate::peer_owner::is_loopback(listen.ip());
+        let trust_local_users = flags.trust_local_users || file.trust_local_users == Some(true);
+        let keyless = match flags.auth.or(file.auth) {
+            Some(true) => Keyless::Nobody,
+            Some(false) => Keyless::Everyone,
+            None if insecure && !loopback && !flags.usb => Keyless::Everyone,
+            None if trust_local_users => Keyless::LocalUsers,
+            None => Keyless::LocalOwners,
+        };
+        if keyless == Keyless::Everyone && !loopback && !insecure {
             return Err(ConfigError::UnauthenticatedExposure(listen));
+        }
+        // What decided the mode, named as the operator wrote it.
+        let file_path = || {
+            file.path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+                .display()
+                .to_string()
+        };
+        let named = |from_flag: bool, flag: &str, key: &str| -> (String, bool) {
+            if from_flag {
+                (flag.to_string(), true)
+            } else {
+                (format!("`{key}` in {}", file_path()), false)
+            }
+        };
+        let mode = match (flags.auth, file.auth) {
+            (Some(true), _) => named(true, "--auth", ""),
+            (Some(false), _) => named(true, "--no-auth", ""),
+            (None, Some(true)) => named(false, "", "auth = true"),
+            (None, Some(false)) => named(false, "", "auth = false"),
+            (None, None) => named(flags.insecure, "--insecure", "insecure = true"),
+        };
+        let mut pointless: Vec<((String, bool), &'static str)> = Vec::new();
+        if keyless == Keyless::Everyone {
+            let why = "no host is asked for a key, so the keys file is never read";
+            if flags.keys.is_some() || file.keys.is_some() {
+                pointless.push((named(flags.keys.is_some(), "--keys", "keys"), why));
+            }
+            if flags.accept_new_keys || file.accept_new_keys == Some(true) {
+                let setting = named(
+                    flags.accept_new_keys,
+                    "--accept-new-keys",
+                    "accept-new-keys",
+                );
+                pointless.push((setting, why));
+            }
+        }
+        if trust_local_users && matches!(keyless, Keyless::Nobody | Keyless::Everyone) {
+            let setting = named(
+                flags.trust_local_users,
+                "--trust-local-users",
+                "trust-local-users",
+            );
+            let why = if keyless == Keyless::Nobody {
+                "it asks every host for a key, local users included"
+            } else {
+                "it lets every host in without a key already"
+            };
+            pointless.push((setting, why));
+        }
+        let mut unused = Vec::new();
+        for ((setting, setting_from_flag), why) in pointless {
+            // A flag overriding the file is the usual precedence; anything
+            // else is a contradiction the operator wrote.
+            if setting_from_flag || !mode.1 {
+                return Err(ConfigError::Contradiction {
+                    setting,
+                    mode: mode.0,
+                    why,
+                });
+            }
+            unused.push(format!("{setting} is not used with {}: {why}", mode.0));
         }
         let seconds = |flag: Option<u64>, key: Option<u64>, default: Duration| {
             flag.or(key).map_or(default, Duration::from_secs)
         };
         Ok(Access {
-            require_auth,
+            keyless,
             keys: flags
                 .keys
                 .clone()
@@ -308,6 +407,7 @@ impl Access {
                 Some(secs) => Some(Duration::from_secs(secs)),
                 None => Some(DEFAULT_STALLED_STREAM_TIMEOUT),
             },
+            unused,
         })
     }
 
@@ -318,7 +418,57 @@ impl Access {
 
     /// Exposed beyond loopback with no authentication (warned at every start).
     pub fn is_insecure_exposure(&self, listen: SocketAddr) -> bool {
-        !self.require_auth && !listen.ip().is_loopback()
+        self.keyless == Keyless::Everyone && !crate::peer_owner::is_loopback(listen.ip())
+    }
+
+    /// Whether any host is asked for a key (the keys file is read).
+    pub fn uses_keys(&self) -> bool {
+        self.keyless != Keyless::Everyone
+    }
+
+    /// Who needs a key, in words, for the start line: the daemon listens on
+    /// `tcp` (if at all) and runs as `euid`; `keys_exist`: the keys file is there.
+    pub fn describe(&self, tcp: Option<SocketAddr>, euid: u32, keys_exist: bool) -> String {
+        let keys = self.keys.display();
+        let required = if keys_exist {
+            format!("key required ({keys})")
+        } else {
+            format!("key required ({keys}, not created yet)")
+        };
+        // A peer's address is loopback only if it reached a loopback or
+        // wildcard address.
+        let local_peers = tcp.is_some_and(|addr| {
+            crate::peer_owner::is_loopback(addr.ip()) || addr.ip().is_unspecified()
+        });
+        match self.keyless {
+            Keyless::Everyone => "every host: no key needed".to_string(),
+            Keyless::LocalOwners if local_peers => {
+                let owners = if euid == 0 {
+                    "root".to_string()
+                } else {
+                    format!("root or uid {euid}")
+                };
+                format!("loopback peers owned by {owners}: no key needed; others: {required}")
+            }
+            Keyless::LocalUsers if local_peers => {
+                format!("every loopback peer (any local user): no key needed; others: {required}")
+            }
+            Keyless::Nobody | Keyless::LocalOwners | Keyless::LocalUsers => {
+                format!("every host: {required}")
+            }
+        }
+    }
+
+    /// The command that trusts a host's key, when keys are used.
+    pub fn trust_command(&self) -> Option<String> {
+        if !self.uses_keys() {
+            return None;
+        }
+        let mut command = "oxadbd trust-key ~/.android/adbkey.pub".to_string();
+        if self.keys != Path::new(crate::auth::DEFAULT_KEYS_PATH) {
+            command.push_str(&format!(" --keys {}", self.keys.display()));
+        }
+        Some(command)
     }
 }
 
@@ -349,7 +499,9 @@ impl DaemonConfig {
         let mut engine = Config::new(Role::Device, self.banner());
         engine.set_credit_mode(self.credit);
         engine.ack_headroom = self.ack_headroom;
-        engine.require_auth = self.access.require_auth;
+        // The transport's own rule: TCP relaxes it per connection
+        // (`server::serve_tcp`), USB hosts are never loopback peers.
+        engine.require_auth = self.access.uses_keys();
         engine.max_streams = self.access.max_streams;
         engine.stalled_stream_timeout = self.access.stalled_stream_timeout;
         engine
@@ -433,19 +585,21 @@ mod tests {
     }
 
     #[test]
-    fn beyond_loopback_needs_auth_or_insecure() {
+    fn keys_are_needed_by_everyone_but_local_owners_by_default() {
         let file = FileConfig::default();
         let resolve = |listen: &str, flags: AccessFlags| {
             Access::resolve(parse_listen(listen).unwrap(), &flags, &file)
         };
         let loopback = resolve("127.0.0.1:5555", AccessFlags::default()).unwrap();
-        assert!(!loopback.require_auth);
+        assert_eq!(loopback.keyless, Keyless::LocalOwners);
+        assert!(loopback.uses_keys());
         assert_eq!(loopback.keys, Path::new(crate::auth::DEFAULT_KEYS_PATH));
         assert_eq!(loopback.max_connections, DEFAULT_MAX_CONNECTIONS);
         assert_eq!(
             loopback.stalled_stream_timeout,
             Some(DEFAULT_STALLED_STREAM_TIMEOUT)
         );
+        assert!(loopback.unused.is_empty());
         let never = AccessFlags {
             stalled_stream_timeout: Some(0),
             ..AccessFlags::default()
@@ -456,12 +610,76 @@ mod tests {
                 .stalled_stream_timeout,
             None
         );
-        let wide = resolve("0.0.0.0:5555", AccessFlags::default()).unwrap();
-        assert!(wide.require_auth, "on by default beyond loopback");
+        // Wider listeners: the same rule (only loopback peers can be owners).
+        for wide in ["0.0.0.0:5555", "[::]:5555", "[::1]:5555"] {
+            assert_eq!(
+                resolve(wide, AccessFlags::default()).unwrap().keyless,
+                Keyless::LocalOwners,
+                "{wide}"
+            );
+        }
+        let local_users = AccessFlags {
+            trust_local_users: true,
+            keys: Some("/k".into()),
+            ..AccessFlags::default()
+        };
+        let trusting = resolve("127.0.0.1:5555", local_users).unwrap();
+        assert_eq!(trusting.keyless, Keyless::LocalUsers);
+        assert_eq!(
+            trusting.keys,
+            Path::new("/k"),
+            "keys still serve remote hosts"
+        );
+        let forced = resolve(
+            "[::1]:5555",
+            AccessFlags {
+                auth: Some(true),
+                keys: Some("/k".into()),
+                max_streams: Some(8),
+                auth_timeout: Some(5),
+                ..AccessFlags::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(forced.keyless, Keyless::Nobody);
+        assert_eq!(forced.keys, Path::new("/k"));
+        assert_eq!(forced.max_streams, 8);
+        assert_eq!(forced.auth_timeout, Duration::from_secs(5));
+        let file: FileConfig =
+            toml::from_str("auth = true\nkeys = \"/k\"\nmax-connections = 2\n").unwrap();
+        let from_file = Access::resolve(
+            parse_listen("127.0.0.1:1").unwrap(),
+            &AccessFlags::default(),
+            &file,
+        )
+        .unwrap();
+        assert_eq!(from_file.keyless, Keyless::Nobody);
+        assert_eq!(from_file.keys, Path::new("/k"));
+        assert_eq!(from_file.max_connections, 2);
+        let file: FileConfig = toml::from_str("trust-local-users = true\n").unwrap();
+        let from_file = Access::resolve(
+            parse_listen("127.0.0.1:1").unwrap(),
+            &AccessFlags::default(),
+            &file,
+        )
+        .unwrap();
+        assert_eq!(from_file.keyless, Keyless::LocalUsers);
+    }
+
+    #[test]
+    fn no_keys_beyond_loopback_only_with_insecure() {
+        let file = FileConfig::default();
+        let resolve = |listen: &str, flags: AccessFlags| {
+            Access::resolve(parse_listen(listen).unwrap(), &flags, &file)
+        };
         let no_auth = AccessFlags {
             auth: Some(false),
             ..AccessFlags::default()
         };
+        let open = resolve("127.0.0.1:5555", no_auth.clone()).unwrap();
+        assert_eq!(open.keyless, Keyless::Everyone);
+        assert!(!open.uses_keys());
+        assert!(!open.is_insecure_exposure("127.0.0.1:5555".parse().unwrap()));
         let error = resolve("198.18.0.1:5555", no_auth.clone()).unwrap_err();
         assert!(matches!(error, ConfigError::UnauthenticatedExposure(_)));
         assert!(error.to_string().contains("--insecure"), "{error}");
@@ -473,41 +691,207 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(!insecure.require_auth);
+        assert_eq!(insecure.keyless, Keyless::Everyone);
         assert!(insecure.is_insecure_exposure("198.18.0.1:5555".parse().unwrap()));
         let insecure_alone = AccessFlags {
             insecure: true,
             ..AccessFlags::default()
         };
-        assert!(
-            !resolve("0.0.0.0:5555", insecure_alone)
+        assert_eq!(
+            resolve("0.0.0.0:5555", insecure_alone.clone())
                 .unwrap()
-                .require_auth
+                .keyless,
+            Keyless::Everyone
         );
-        let forced = resolve(
-            "[::1]:5555",
+        // On loopback --insecure changes nothing.
+        assert_eq!(
+            resolve("127.0.0.1:5555", insecure_alone).unwrap().keyless,
+            Keyless::LocalOwners
+        );
+    }
+
+    #[test]
+    fn settings_that_cannot_apply_are_refused_naming_both() {
+        let listen = parse_listen("127.0.0.1:5555").unwrap();
+        let no_file = FileConfig::default();
+        let refused = |flags: AccessFlags, file: &FileConfig| {
+            Access::resolve(listen, &flags, file)
+                .unwrap_err()
+                .to_string()
+        };
+        let error = refused(
             AccessFlags {
-                auth: Some(true),
-                max_streams: Some(8),
-                auth_timeout: Some(5),
+                auth: Some(false),
+                keys: Some("/k".into()),
                 ..AccessFlags::default()
             },
+            &no_file,
+        );
+        assert_eq!(
+            error,
+            "--keys cannot be used with --no-auth: no host is asked for a key, so the keys \
+             file is never read; drop one of them"
+        );
+        assert!(!error.contains('\n'));
+        let error = refused(
+            AccessFlags {
+                auth: Some(false),
+                accept_new_keys: true,
+                ..AccessFlags::default()
+            },
+            &no_file,
+        );
+        assert!(
+            error.starts_with("--accept-new-keys cannot be used with --no-auth"),
+            "{error}"
+        );
+        let error = refused(
+            AccessFlags {
+                auth: Some(true),
+                trust_local_users: true,
+                ..AccessFlags::default()
+            },
+            &no_file,
+        );
+        assert!(
+            error.starts_with("--trust-local-users cannot be used with --auth"),
+            "{error}"
+        );
+        let error = refused(
+            AccessFlags {
+                auth: Some(false),
+                trust_local_users: true,
+                ..AccessFlags::default()
+            },
+            &no_file,
+        );
+        assert!(
+            error.starts_with("--trust-local-users cannot be used with --no-auth"),
+            "{error}"
+        );
+        let error = Access::resolve(
+            parse_listen("198.18.0.1:5555").unwrap(),
+            &AccessFlags {
+                insecure: true,
+                keys: Some("/k".into()),
+                ..AccessFlags::default()
+            },
+            &no_file,
         )
-        .unwrap();
-        assert!(forced.require_auth);
-        assert_eq!(forced.max_streams, 8);
-        assert_eq!(forced.auth_timeout, Duration::from_secs(5));
-        let file: FileConfig =
-            toml::from_str("auth = true\nkeys = \"/k\"\nmax-connections = 2\n").unwrap();
-        let from_file = Access::resolve(
-            parse_listen("127.0.0.1:1").unwrap(),
-            &AccessFlags::default(),
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("--keys cannot be used with --insecure"),
+            "{error}"
+        );
+        // A file that contradicts itself is named key by key.
+        let mut file: FileConfig = toml::from_str("auth = false\nkeys = \"/k\"\n").unwrap();
+        file.path = Some("/etc/x.toml".into());
+        let error = refused(AccessFlags::default(), &file);
+        assert!(
+            error.starts_with(
+                "`keys` in /etc/x.toml cannot be used with `auth = false` in /etc/x.toml"
+            ),
+            "{error}"
+        );
+        // A flag over the file wins; the file's pointless key is reported.
+        let mut file: FileConfig = toml::from_str("keys = \"/k\"\n").unwrap();
+        file.path = Some("/etc/x.toml".into());
+        let open = Access::resolve(
+            listen,
+            &AccessFlags {
+                auth: Some(false),
+                ..AccessFlags::default()
+            },
             &file,
         )
         .unwrap();
-        assert!(from_file.require_auth);
-        assert_eq!(from_file.keys, Path::new("/k"));
-        assert_eq!(from_file.max_connections, 2);
+        assert_eq!(open.keyless, Keyless::Everyone);
+        assert_eq!(
+            open.unused,
+            [
+                "`keys` in /etc/x.toml is not used with --no-auth: no host is asked for a key, \
+              so the keys file is never read"
+            ]
+        );
+        // But a flag is never dropped for a file's sake.
+        let mut file: FileConfig = toml::from_str("auth = false\n").unwrap();
+        file.path = Some("/etc/x.toml".into());
+        let error = refused(
+            AccessFlags {
+                keys: Some("/k".into()),
+                ..AccessFlags::default()
+            },
+            &file,
+        );
+        assert!(
+            error.starts_with("--keys cannot be used with `auth = false` in /etc/x.toml"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_start_line_says_who_needs_a_key() {
+        let listen = parse_listen("127.0.0.1:5555").unwrap();
+        let with =
+            |flags: AccessFlags| Access::resolve(listen, &flags, &FileConfig::default()).unwrap();
+        let default = with(AccessFlags::default());
+        assert_eq!(
+            default.describe(Some(listen), 0, true),
+            "loopback peers owned by root: no key needed; others: key required \
+             (/etc/oxadbd/adb_keys)"
+        );
+        assert_eq!(
+            default.describe(Some(listen), 1000, false),
+            "loopback peers owned by root or uid 1000: no key needed; others: key required \
+             (/etc/oxadbd/adb_keys, not created yet)"
+        );
+        assert_eq!(
+            default.trust_command().as_deref(),
+            Some("oxadbd trust-key ~/.android/adbkey.pub")
+        );
+        // Only USB, or an address loopback peers cannot reach: no exception.
+        assert_eq!(
+            default.describe(None, 0, true),
+            "every host: key required (/etc/oxadbd/adb_keys)"
+        );
+        let remote = parse_listen("198.18.0.1:5555").unwrap();
+        assert!(default
+            .describe(Some(remote), 0, true)
+            .starts_with("every host: key required"));
+        let wildcard = parse_listen("[::]:5555").unwrap();
+        assert!(default
+            .describe(Some(wildcard), 0, true)
+            .starts_with("loopback peers owned by root:"));
+        let trusting = with(AccessFlags {
+            trust_local_users: true,
+            keys: Some("/tmp/k".into()),
+            ..AccessFlags::default()
+        });
+        assert_eq!(
+            trusting.describe(Some(listen), 0, true),
+            "every loopback peer (any local user): no key needed; others: key required (/tmp/k)"
+        );
+        assert_eq!(
+            trusting.trust_command().as_deref(),
+            Some("oxadbd trust-key ~/.android/adbkey.pub --keys /tmp/k")
+        );
+        let strict = with(AccessFlags {
+            auth: Some(true),
+            ..AccessFlags::default()
+        });
+        assert!(strict
+            .describe(Some(listen), 0, true)
+            .starts_with("every host: key required"));
+        let open = with(AccessFlags {
+            auth: Some(false),
+            ..AccessFlags::default()
+        });
+        assert_eq!(
+            open.describe(Some(listen), 0, true),
+            "every host: no key needed"
+        );
+        assert_eq!(open.trust_command(), None);
     }
 
     #[test]
@@ -546,7 +930,23 @@ mod tests {
             ..AccessFlags::default()
         };
         let file = FileConfig::default();
-        assert!(Access::resolve(loopback, &usb, &file).unwrap().require_auth);
+        let access = Access::resolve(loopback, &usb, &file).unwrap();
+        assert!(access.uses_keys());
+        assert!(
+            DaemonConfig {
+                listen: loopback,
+                shell: "/bin/sh".into(),
+                product_name: String::new(),
+                product_model: String::new(),
+                product_device: String::new(),
+                credit: CreditMode::Adaptive,
+                memory_budget: BudgetLimits::from_limit(64 << 20),
+                ack_headroom: true,
+                access,
+            }
+            .engine_config()
+            .require_auth
+        );
         // --no-auth is the operator's call over USB (no --insecure needed).
         let open = Access::resolve(
             loopback,
@@ -557,7 +957,7 @@ mod tests {
             &file,
         )
         .unwrap();
-        assert!(!open.require_auth);
+        assert_eq!(open.keyless, Keyless::Everyone);
         // Not asked for: no USB, whatever else is given.
         let flags = UsbFlags {
             ffs_dir: Some("/ffs".into()),

@@ -4,5 +4,6 @@
 //! hosts open on them.
 pub mod auth;
 pub mod config;
+pub mod peer_owner;
 pub mod server;
 pub mod services;

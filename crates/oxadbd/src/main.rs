@@ -1,10 +1,14 @@
 //! `oxadbd`: the daemon binary.
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use oxadbd::config::{self, Access, AccessFlags, DaemonConfig, FileConfig, UsbConfig, UsbFlags};
+use oxadbd::config::{
+    self, Access, AccessFlags, DaemonConfig, FileConfig, Keyless, UsbConfig, UsbFlags,
+};
 
 /// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
 /// unchanged (`adb connect 127.0.0.1:5555`).
@@ -14,8 +18,8 @@ struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// Address to listen on [default: 127.0.0.1:5555; with --usb, no TCP
-    /// unless given]. Beyond loopback, hosts must authenticate (see --auth)
-    /// unless --insecure is given.
+    /// unless given]. Hosts must authenticate, except loopback peers owned
+    /// by root or the daemon's own user (see --auth, --trust-local-users).
     #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
     /// Serve ADB over USB as a FunctionFS gadget function (see --ffs-dir).
@@ -37,9 +41,9 @@ struct Args {
     usb_udc: Option<String>,
     /// Configuration file (TOML; keys: listen, usb, ffs-dir, usb-gadget,
     /// usb-udc, shell, product-name, product-model, product-device, credit,
-    /// delayed-ack, memory-budget, ack-headroom, auth, keys, accept-new-keys,
-    /// insecure, max-connections, max-streams, handshake-timeout,
-    /// auth-timeout, stalled-stream-timeout).
+    /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
+    /// keys, accept-new-keys, insecure, max-connections, max-streams,
+    /// handshake-timeout, auth-timeout, stalled-stream-timeout).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -77,15 +81,23 @@ struct Args {
     /// measuring what it brings).
     #[arg(long)]
     no_ack_headroom: bool,
-    /// Hosts must sign a token with a key in the keys file, as adbd requires
-    /// [default: on beyond loopback, off on loopback].
+    /// Every host must sign a token with a key in the keys file, as adbd
+    /// requires, root on loopback included [default: every host but
+    /// loopback peers owned by root or the daemon's own user].
     #[arg(long, overrides_with = "no_auth")]
     auth: bool,
-    /// Let hosts in without authentication (beyond loopback only with --insecure).
+    /// Let every host in without a key, every local user included (beyond
+    /// loopback only with --insecure). Warned at every start.
     #[arg(long, overrides_with = "auth")]
     no_auth: bool,
+    /// Let every local user in over loopback without a key, not only root
+    /// and the daemon's own user; other hosts still need one. Warned at
+    /// every start.
+    #[arg(long)]
+    trust_local_users: bool,
     /// Authorized host keys, one `adbkey.pub` line each (adb's `adb_keys`
-    /// format) [default: /etc/oxadbd/adb_keys]. Re-read at every attempt.
+    /// format), for every host that must authenticate [default:
+    /// /etc/oxadbd/adb_keys]. Re-read at every attempt.
     #[arg(long, value_name = "PATH")]
     keys: Option<PathBuf>,
     /// Trust any public key a host offers and append it to the keys file
@@ -163,8 +175,35 @@ fn trust_key(
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line, like oxadb's: a service manager's log shows the cause
+            // where the operator looks.
+            eprintln!("oxadbd: error: {}", one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes joined by ": ", each cause left out when the
+/// text before already says it (many errors quote their source).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     if args.zero_copy {
         oxadb_transfer::enable_zero_copy();
     }
@@ -182,8 +221,13 @@ fn main() -> anyhow::Result<()> {
         1 => "debug",
         _ => "trace",
     };
+    // Colour only for a person at a terminal: a service manager's journal or
+    // a log file gets plain text (and NO_COLOR is honoured, https://no-color.org).
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
@@ -223,6 +267,7 @@ fn main() -> anyhow::Result<()> {
             } else {
                 None
             },
+            trust_local_users: args.trust_local_users,
             keys: args.keys,
             accept_new_keys: args.accept_new_keys,
             insecure: args.insecure,
@@ -269,35 +314,29 @@ fn main() -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let result = runtime.block_on(async {
-        tracing::info!(
+        tracing::debug!(
             shell = %config.shell.display(),
             credit = %config.credit,
-            memory_budget = config.memory_budget.limit,
-            per_stream_cap = config.memory_budget.per_stream_cap,
+            memory_budget = %oxadb_io::format_size(config.memory_budget.limit),
+            per_stream_cap = %oxadb_io::format_size(config.memory_budget.per_stream_cap),
             ack_headroom = config.ack_headroom,
-            auth = config.access.require_auth,
             keys = %config.access.keys.display(),
             max_connections = config.access.max_connections,
             max_streams = config.access.max_streams,
-            "oxadbd starting"
+            "settings"
         );
+        for unused in &config.access.unused {
+            tracing::warn!("{unused}");
+        }
         let listener = match tcp.then_some(config.listen) {
-            Some(listen) => {
-                let listener = tokio::net::TcpListener::bind(listen)
+            Some(listen) => Some(
+                tokio::net::TcpListener::bind(listen)
                     .await
-                    .with_context(|| format!("listening on {listen}"))?;
-                let local = listener.local_addr()?;
-                tracing::info!("listening on {local}");
-                if config.access.is_insecure_exposure(local) {
-                    tracing::warn!(
-                        "--insecure: listening on {local} WITHOUT authentication; anyone who \
-                         can reach this address gets a root shell"
-                    );
-                }
-                Some(listener)
-            }
+                    .with_context(|| format!("listening on {listen}"))?,
+            ),
             None => None,
         };
+        let local = listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let function = match &usb {
             Some(usb) => {
                 let function = oxadb_ffs::FunctionFs::open(&usb.ffs_dir)?;
@@ -308,15 +347,51 @@ fn main() -> anyhow::Result<()> {
                         std::path::Path::new(oxadb_ffs::UDC_CLASS_DIR),
                     )?;
                 }
-                if !config.access.require_auth {
-                    tracing::warn!(
-                        "--no-auth over USB: any host plugged into this device gets a root shell"
-                    );
-                }
                 Some(function)
             }
             None => None,
         };
+        // The one line a service manager shows: where, who needs a key, and
+        // how to trust one.
+        let places = [
+            local.map(|local| local.to_string()),
+            usb.as_ref()
+                .map(|usb| format!("USB ({})", usb.ffs_dir.display())),
+        ];
+        let places: Vec<String> = places.into_iter().flatten().collect();
+        let access = &config.access;
+        let euid = rustix::process::geteuid().as_raw();
+        let mut line = format!(
+            "listening on {}; {}",
+            places.join(" and "),
+            access.describe(local, euid, access.keys.exists())
+        );
+        if let Some(command) = access.trust_command() {
+            line.push_str(&format!("; to trust a host: {command}"));
+        }
+        tracing::info!("{line}");
+        if let Some(local) = local.filter(|&local| access.is_insecure_exposure(local)) {
+            tracing::warn!(
+                "--insecure: listening on {local} WITHOUT authentication; anyone who \
+                 can reach this address gets a root shell"
+            );
+        } else if let Some(local) = local.filter(|_| access.keyless == Keyless::Everyone) {
+            tracing::warn!(
+                "--no-auth: listening on {local} WITHOUT authentication; every local user \
+                 gets a root shell"
+            );
+        }
+        if usb.is_some() && access.keyless == Keyless::Everyone {
+            tracing::warn!(
+                "--no-auth over USB: any host plugged into this device gets a root shell"
+            );
+        }
+        if access.keyless == Keyless::LocalUsers {
+            tracing::warn!(
+                "--trust-local-users: every local user who connects over loopback gets a \
+                 root shell WITHOUT a key"
+            );
+        }
         if config.access.accept_new_keys {
             tracing::warn!(
                 keys = %config.access.keys.display(),
@@ -361,4 +436,32 @@ fn main() -> anyhow::Result<()> {
     // wait for anything else.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+    use anyhow::Context as _;
+
+    #[test]
+    fn errors_print_on_one_line_without_repeating_a_cause() {
+        let in_use = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let error = Err::<(), _>(in_use)
+            .context("listening on 127.0.0.1:5555")
+            .unwrap_err();
+        assert_eq!(
+            one_line(&error),
+            "listening on 127.0.0.1:5555: address in use"
+        );
+        // A config error quotes its source already.
+        let quoted = oxadbd::config::FileConfig::load(Some(std::path::Path::new(
+            "/nonexistent/oxadbd.toml",
+        )))
+        .unwrap_err();
+        let text = one_line(&anyhow::Error::new(quoted));
+        assert_eq!(
+            text,
+            "reading config file /nonexistent/oxadbd.toml: No such file or directory (os error 2)"
+        );
+    }
 }

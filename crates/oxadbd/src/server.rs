@@ -3,6 +3,7 @@
 //! configuration (one memory budget per process), the authenticator and the
 //! per-connection path (handshake timeouts, services).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,8 @@ use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use crate::auth::KeyAuthenticator;
-use crate::config::DaemonConfig;
+use crate::config::{DaemonConfig, Keyless};
+use crate::peer_owner::{self, Owner};
 use crate::services::{forward, shell, sync};
 
 /// What every connection of the daemon shares, whatever its transport.
@@ -23,6 +25,8 @@ pub struct Daemon {
     config: Arc<DaemonConfig>,
     engine: Config,
     authenticator: Option<Arc<dyn Authenticator>>,
+    /// The daemon's effective uid: its loopback peers need no key by default.
+    euid: u32,
 }
 
 impl Daemon {
@@ -32,7 +36,7 @@ impl Daemon {
         // One budget for every connection: the limit is per process
         // (docs/flow-control.md, "Memory budget").
         engine.memory_budget = Some(Arc::new(MemoryBudget::new(config.memory_budget)));
-        let authenticator: Option<Arc<dyn Authenticator>> = config.access.require_auth.then(|| {
+        let authenticator: Option<Arc<dyn Authenticator>> = config.access.uses_keys().then(|| {
             Arc::new(KeyAuthenticator::new(
                 config.access.keys.clone(),
                 config.access.accept_new_keys,
@@ -42,7 +46,59 @@ impl Daemon {
             config,
             engine,
             authenticator,
+            euid: rustix::process::geteuid().as_raw(),
         })
+    }
+
+    /// Whether the TCP connection from `peer` to `local` must authenticate,
+    /// and why, for its log line. Fails closed: a peer whose owner cannot
+    /// be found needs a key.
+    fn tcp_needs_key(&self, local: SocketAddr, peer: SocketAddr) -> (bool, String) {
+        let loopback = peer_owner::is_loopback(peer.ip());
+        match self.config.access.keyless {
+            Keyless::Everyone => (false, "no key needed: authentication is off".into()),
+            Keyless::Nobody => (true, "key required (--auth)".into()),
+            Keyless::LocalUsers if loopback => (
+                false,
+                "no key needed: loopback peer (--trust-local-users)".into(),
+            ),
+            Keyless::LocalUsers | Keyless::LocalOwners if !loopback => {
+                (true, "key required: not a loopback peer".into())
+            }
+            Keyless::LocalUsers | Keyless::LocalOwners => match peer_owner::peer_owner(local, peer)
+            {
+                Ok(Owner::Uid(uid)) if uid == 0 || uid == self.euid => (
+                    false,
+                    format!("no key needed: loopback peer owned by uid {uid}"),
+                ),
+                Ok(Owner::Uid(uid)) => (
+                    true,
+                    format!("key required: loopback peer owned by uid {uid}"),
+                ),
+                Ok(Owner::NotEstablished(state)) => (
+                    true,
+                    format!(
+                        "key required: the peer's socket is no longer established ({}), \
+                         so its owner is unknown",
+                        peer_owner::state_name(state)
+                    ),
+                ),
+                Ok(Owner::Missing) => (
+                    true,
+                    "key required: the kernel lists no socket for this peer, so its owner \
+                     is unknown"
+                        .into(),
+                ),
+                Err(error) => {
+                    tracing::warn!(
+                        %peer,
+                        %error,
+                        "could not find who owns this loopback connection; asking it for a key"
+                    );
+                    (true, "key required: owner unknown".into())
+                }
+            },
+        }
     }
 
     pub fn config(&self) -> &DaemonConfig {
@@ -86,6 +142,12 @@ pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::R
             continue;
         };
         keep_alive(&socket);
+        // Decided before the first byte is read, while the peer's socket is
+        // still connected (a closed one's owner is not reported faithfully).
+        let (needs_key, why) = match socket.local_addr() {
+            Ok(local) => daemon.tcp_needs_key(local, peer),
+            Err(error) => (true, format!("key required: no local address ({error})")),
+        };
         let (reader, sink, label) = match oxadb_io::tcp_halves(socket) {
             Ok(halves) => halves,
             Err(error) => {
@@ -93,12 +155,14 @@ pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::R
                 continue;
             }
         };
-        let auth = daemon
-            .authenticator
-            .clone()
-            .map_or(Auth::None, Auth::Device);
-        let (connection, run) = Connection::start(reader, sink, daemon.engine.clone(), label, auth);
-        tracing::info!(%peer, "connection accepted");
+        let mut engine = daemon.engine.clone();
+        engine.require_auth = needs_key && daemon.authenticator.is_some();
+        let auth = match (&daemon.authenticator, needs_key) {
+            (Some(authenticator), true) => Auth::Device(authenticator.clone()),
+            _ => Auth::None,
+        };
+        let (connection, run) = Connection::start(reader, sink, engine, label, auth);
+        tracing::info!(%peer, key = %why, "connection accepted");
         let span = tracing::info_span!("connection", %peer);
         tokio::spawn(
             async move {

@@ -10,7 +10,7 @@
 # commented /etc/oxadbd/oxadbd.toml and an empty /etc/oxadbd/adb_keys (mode
 # 0600), both conffiles. Output: target/deb/oxadbd_VERSION-REVISION_ARCH.deb
 # (REVISION: $DEB_REVISION, 1 by default), each printed with its size.
-# cargo-deb (crates.io, pinned) goes into target/tools.
+# cargo-deb (crates.io, pinned) goes into ~/.cache/oxadb-tools (OXADB_TOOLS).
 
 set -euo pipefail
 
@@ -22,7 +22,8 @@ DIE_PREFIX="package-deb.sh"
 
 CARGO_DEB_VERSION="3.8.0"
 DEB_REVISION="${DEB_REVISION:-1}"
-TOOLS="${REPO}/target/tools"
+# Pinned tools, kept between checkouts (each is checked for its version).
+TOOLS="${OXADB_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/oxadb-tools}"
 
 target_of() {
     case "$1" in

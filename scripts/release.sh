@@ -12,8 +12,9 @@
 # also cross-compiles the C in zstd-sys. Output: target/static/TARGET/NAME,
 # each printed with its stripped size.
 #
-# On a fresh machine it installs what it needs into target/tools: Zig from
-# PyPI (ziglang, pinned) and cargo-zigbuild from crates.io (pinned), and the
+# On a fresh machine it installs what it needs: Zig from
+# PyPI (ziglang, pinned) and cargo-zigbuild from crates.io (pinned), both
+# into ~/.cache/oxadb-tools (OXADB_TOOLS), and the
 # Rust targets with `rustup target add`. Where rustup has no prebuilt
 # standard library for a target (armv7 musl on some mirrors), it adds the
 # `rust-src` component and builds std from source for that target
@@ -29,7 +30,8 @@ DIE_PREFIX="release.sh"
 
 ZIG_VERSION="0.15.2"
 ZIGBUILD_VERSION="0.24.1"
-TOOLS="${REPO}/target/tools"
+# Pinned tools, kept between checkouts (each is checked for its version).
+TOOLS="${OXADB_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/oxadb-tools}"
 DEFAULT_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf)
 read -r -a PACKAGES <<<"${PACKAGES:-oxadbd oxadb}"
 

@@ -15,7 +15,7 @@
 #   8. runs the Rust tests,
 #   9. builds the static board binaries (aarch64: oxadbd and oxadb, armv7:
 #      oxadbd) with scripts/release.sh (pinned Zig from PyPI and
-#      cargo-zigbuild into target/tools) and the amd64 and arm64 Debian packages with
+#      cargo-zigbuild into ~/.cache/oxadb-tools) and the amd64 and arm64 Debian packages with
 #      scripts/package-deb.sh (pinned cargo-deb), installing Debian's
 #      qemu-user-static (and systemd, for systemd-analyze) if missing,
 #  10. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango

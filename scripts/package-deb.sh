@@ -49,8 +49,8 @@ mkdir -p target/deb
 BUILT=()
 for arch in "${ARCHES[@]}"; do
     target="$(target_of "${arch}")"
-    # Both binaries, as a plain release.sh run builds them: the same feature
-    # set, so a target already built is not built again.
+    # PACKAGES as the caller's release.sh run had it (both binaries unless
+    # set): the same feature set, so a target already built is not rebuilt.
     scripts/release.sh "${target}"
     out="$(cargo deb -p oxadbd --no-build --no-strip --profile dist --target "${target}" \
         --deb-revision "${DEB_REVISION}" --output target/deb 2>&1 | tail -n 1)" ||

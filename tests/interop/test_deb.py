@@ -42,7 +42,7 @@ def package(revision: int, arch: str = "amd64") -> Path:
         if revision == 1:
             pytest.fail(f"{deb} is missing: build it with `scripts/package-deb.sh {arch}`")
         run(str(REPO / "scripts" / "package-deb.sh"), "amd64",
-            env={**os.environ, "DEB_REVISION": str(revision)})
+            env={**os.environ, "DEB_REVISION": str(revision), "PACKAGES": "oxadbd"})
     assert deb.exists(), deb
     return deb
 

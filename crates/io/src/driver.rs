@@ -246,7 +246,9 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
                 drained.await;
             }
         }
-        match fill(&mut reader, &mut buf, need, room_ahead).await {
+        let filled = fill(&mut reader, &mut buf, need, room_ahead).await;
+        crate::process::note_activity();
+        match filled {
             Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,
             Ok(0) if buf.len() < HEADER_LEN => return ConnectionError::TruncatedHeader(buf.len()),
             Ok(0) => {
@@ -353,6 +355,7 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
             break;
         }
         shared.drained.notify_one();
+        crate::process::note_activity();
     }
     sink.shutdown().await;
 }

@@ -274,6 +274,7 @@ fn main() -> anyhow::Result<()> {
             credit = %config.credit,
             memory_budget = config.memory_budget.limit,
             per_stream_cap = config.memory_budget.per_stream_cap,
+            max_payload = config.max_payload(),
             ack_headroom = config.ack_headroom,
             auth = config.access.require_auth,
             keys = %config.access.keys.display(),

@@ -1,6 +1,9 @@
-"""The daemon gives memory back once transfers end (docs/benchmarks.md,
-"Daemon memory after load"; a 512 MiB board cannot leave 100 MiB parked in
-its allocator).
+"""What the daemon's memory does under load (docs/benchmarks.md, "Daemon
+memory after load" and "Daemon memory with stalled streams"; a 512 MiB board
+can neither leave 100 MiB parked in its allocator nor let stalled streams
+take several times its memory budget).
+
+The daemon gives memory back once transfers end:
 
   * after eight `oxadb` clients have each pushed and pulled 8 MiB of random
     data ten times at once, the daemon's VmRSS is under IDLE_BOUND within
@@ -12,6 +15,14 @@ its allocator).
 Before the allocator kept one arena and trimmed itself when idle, the first
 case left 98 MiB resident for good (baseline 5 MiB), and 429 MiB after a
 stalled-stream run.
+
+Stalled streams take no more than the budget plus 1 MiB each: STALLED_CONNS
+`oxadb shell` clients, each its own connection, push STALLED_SIZE into
+shells that sleep before reading, under `--memory-budget STALLED_BUDGET`;
+the daemon's VmRSS, sampled every 20 ms, never grows by more than
+STALLED_BUDGET + STALLED_CONNS x 1 MiB. Before everything a stream and a
+connection hold was charged to the budget and packets were sized to it, 64
+such connections under a 64 MiB budget grew it by 296 to 321 MiB.
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ SIZE = 8 * MIB
 STALLED = 16
 STALLED_SIZE = 16 * MIB
 STALL_SECONDS = 3
+STALLED_CONNS = 32
+STALLED_BUDGET = 32 * MIB
+STALLED_BYTES = 16 * MIB
 
 
 def vm_rss(pid: int) -> int:
@@ -135,4 +149,39 @@ def test_memory_goes_back_after_stalled_streams_and_load(fresh_daemon, tmp_path)
     stalled_streams(tmp_path, d.port)
     push_pull_load(tmp_path, d.port)
     check_settles(d.proc.pid, "after stalled streams and push/pull load")
+    assert d.alive()
+
+
+def test_stalled_connections_stay_within_the_budget(fresh_daemon, tmp_path):
+    d = fresh_daemon(name="budget", args=("--memory-budget", str(STALLED_BUDGET)))
+    data = tmp_path / "input"
+    write_random(data, STALLED_BYTES)
+    pid = d.proc.pid
+    baseline = vm_rss(pid)
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], vm_rss(pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+
+    def one():
+        with open(data, "rb") as stdin:
+            oxadb(tmp_path, d.port, "shell",
+                  f"sleep {STALL_SECONDS}; head -c {STALLED_BYTES} >/dev/null", stdin=stdin)
+
+    try:
+        run_threads([one for _ in range(STALLED_CONNS)])
+    finally:
+        done.set()
+        sampler.join()
+    grown = peak[0] - baseline
+    bound = STALLED_BUDGET + STALLED_CONNS * MIB
+    print(f"baseline {baseline // 1024} KiB, peak {peak[0] // 1024} KiB, bound +{bound // 1024} KiB")
+    assert grown <= bound, (f"{STALLED_CONNS} stalled connections grew the daemon by "
+                            f"{grown // 1024} KiB, over budget + 1 MiB each = {bound // 1024} KiB")
     assert d.alive()

@@ -35,6 +35,8 @@ fn resident_bytes(pid: u32) -> Result<u64> {
 
 pub struct MemoryRun {
     pub credit: String,
+    /// The max payload the daemon offered in CNXN.
+    pub packet: u32,
     pub baseline: u64,
     pub peak: u64,
     pub elapsed: Duration,
@@ -98,6 +100,7 @@ pub fn one_run(
                 }
             };
             ensure!(first.burst_mode() || credit == "classic", "no burst mode");
+            let packet = first.max_payload();
             let mut devices = vec![first];
             if spread == Spread::ConnectionEach {
                 for _ in 1..streams {
@@ -157,6 +160,7 @@ pub fn one_run(
             }
             Ok(MemoryRun {
                 credit: credit.to_string(),
+                packet,
                 baseline,
                 peak,
                 elapsed,
@@ -189,12 +193,13 @@ pub fn stream_memory(
         );
         runs.push(run);
     }
-    // Each stream may hold three packets outside the budget: its one-packet
-    // floor, the sender's one-packet overshoot, and the chunk the service
-    // has taken from the stream and cannot hand to its blocked consumer
-    // (a slice keeps its whole packet allocated).
-    let packet = u64::from(oxadb_wire::MAX_PAYLOAD);
-    let floor = 3 * packet * streams as u64;
+    // Everything a stream and its connection hold is charged to the budget,
+    // and packets are sized so that what cannot be refused (floors,
+    // overshoots, partly read packets, read buffers) fits it for as many
+    // stalled streams as the daemon serves connections; what is left is in
+    // consumers' hands (the exec service reads up to 128 KiB ahead) and the
+    // allocator's: 1 MiB per stream (docs/flow-control.md, "Memory budget").
+    let bound = budget + streams as u64 * (1 << 20);
     println!("Machine: {}", crate::machine_description());
     let connections = match spread {
         Spread::OneConnection => "on one connection".to_string(),
@@ -208,23 +213,23 @@ pub fn stream_memory(
         budget >> 20
     );
     println!(
-        "Bound for the adaptive policy: baseline + budget + {streams} x 3 packets of {} MiB = baseline + {:.0} MiB",
-        packet >> 20,
-        mib(budget + floor)
+        "Bound for the adaptive policy: baseline + budget + {streams} x 1 MiB = baseline + {:.0} MiB",
+        mib(bound)
     );
     println!();
-    println!("| credit | baseline RSS MiB | peak RSS MiB | peak - baseline MiB | budget + floors MiB | within bound | elapsed s |");
-    println!("|---|---:|---:|---:|---:|---|---:|");
+    println!("| credit | packet KiB | baseline RSS MiB | peak RSS MiB | peak - baseline MiB | bound MiB | within bound | elapsed s |");
+    println!("|---|---:|---:|---:|---:|---:|---|---:|");
     for run in &runs {
         let grown = run.peak.saturating_sub(run.baseline);
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {:.1} |",
             run.credit,
+            run.packet >> 10,
             mib(run.baseline),
             mib(run.peak),
             mib(grown),
-            mib(budget + floor),
-            if grown <= budget + floor { "yes" } else { "no" },
+            mib(bound),
+            if grown <= bound { "yes" } else { "no" },
             run.elapsed.as_secs_f64()
         );
     }

@@ -133,6 +133,7 @@ def settles_under_bound(pid: int) -> tuple[bool, list[tuple[float, int]]]:
 
 def check_settles(pid: int, what: str) -> None:
     ok, samples = settles_under_bound(pid)
+    print(f"{what}: VmRSS (s, KiB) {samples[0]} .. {samples[-1]}")
     assert ok, (f"{what}: VmRSS still {samples[-1][1]} KiB {IDLE_DEADLINE} s after the last "
                 f"transfer (bound {IDLE_BOUND // 1024} KiB); samples (s, KiB): {samples[::5]}")
 

@@ -62,9 +62,11 @@ impl BudgetLimits {
     /// packets the budget cannot refuse (its floor, the sender's overshoot,
     /// the rest of a packet its consumer took part of, its connection's read
     /// buffer). Between [`MIN_PACKET`] and `max` (the protocol's 1 MiB), in
-    /// 4 KiB steps. With 64 MiB and 64 connections, 256 KiB: 64 streams
-    /// into sleeping consumers held the daemon at 277 MiB with 1 MiB packets
-    /// (docs/benchmarks.md, "Daemon memory with stalled streams").
+    /// 4 KiB steps. With 64 MiB and 64 connections, 256 KiB: before the rest
+    /// of what a stream holds was charged, 64 connections into sleeping
+    /// consumers grew the daemon by 271 MiB with 1 MiB packets and by 129
+    /// MiB with 256 KiB ones (docs/benchmarks.md, "Daemon memory with
+    /// stalled streams").
     pub fn packet_size(&self, streams: usize, max: u32) -> u32 {
         let share = self.limit / (4 * streams.max(1) as u64);
         let packet = share.min(u64::from(max)) as u32 & !4095;

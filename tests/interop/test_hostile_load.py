@@ -56,7 +56,7 @@ Throughout, a sampler reads the daemon's VmRSS and open descriptors every
        + 40 MiB slack: glibc keeps up to M_TOP_PAD = 16 MiB of freed heap,
          and each of the (at most 4) streams producing output at once may
          hold its 1 MiB send queue and its connection a 4 MiB write batch
-       = about 122 MiB above baseline (measured: 9 MiB; 16 to 24 MiB
+       = about 122 MiB above baseline (measured: 9 to 12 MiB; 16 to 24 MiB
          with 1 MiB packets and 256 KiB read chunks);
          this bounds what this test's load may cost, not the daemon's worst
          case: each stream may hold a few packets the budget is charged for

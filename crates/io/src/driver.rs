@@ -173,7 +173,7 @@ const MAX_CONTROL_BACKLOG: usize = 4096;
 /// bytes) arrive in one syscall, and a payload at least this large is read
 /// straight into place. An idle connection keeps this much, charged to the
 /// memory budget (256 KiB each held 16 MiB for 64 connections).
-const READ_CHUNK: usize = 64 * 1024;
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
 
 pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
     shared: &Arc<Shared>,

@@ -37,27 +37,32 @@ Meanwhile the main thread attacks, phase by phase:
      classic mode and `exec:head -c 200000000 /dev/zero` in burst mode with a
      2 GiB credit grant. Held for STALL_HOLD seconds;
   e. maximum-size payloads: 4 connections at once each push 8 WRTEs of
-     exactly MAX_PAYLOAD (shell v2 stdin frames) into `wc -c` and get the
-     right count back; a max-size OPEN (a 1 MiB service name) is refused and
-     the connection goes on; WRTEs of MAX_PAYLOAD + 1, and of 4097 bytes
-     after a CNXN that negotiated 4096, close their connection.
+     exactly the daemon's max payload (PACKET, 512 KiB: a quarter of each
+     connection's share of the budget, docs/flow-control.md "Memory
+     budget"; shell v2 stdin frames) into `wc -c` and get the right count
+     back; a max-size OPEN (a PACKET-long service name) is refused and the
+     connection goes on; WRTEs of PACKET + 1 after a CNXN offering 1 MiB,
+     and of 4097 bytes after a CNXN that negotiated 4096, close their
+     connection.
 
 Throughout, a sampler reads the daemon's VmRSS and open descriptors every
 100 ms. The bounds, from the daemon's own limits:
 
   RSS <= baseline + RSS_BOUND, RSS_BOUND = memory budget (64 MiB, for the
          data the test's streams receive)
-       + max-connections x (MAX_PAYLOAD + 24 + 256 KiB): each connection's
+       + max-connections x (PACKET + 24 + 64 KiB): each connection's
          read buffer holds at most one packet being received plus one read
-         chunk (crates/io READ_CHUNK) = 40 MiB
+         chunk (crates/io READ_CHUNK) = 18 MiB
        + 40 MiB slack: glibc keeps up to M_TOP_PAD = 16 MiB of freed heap,
          and each of the (at most 4) streams producing output at once may
          hold its 1 MiB send queue and its connection a 4 MiB write batch
-       = about 144 MiB above baseline (measured: 16 to 24 MiB);
+       = about 122 MiB above baseline (measured: 9 to 12 MiB; 16 to 24 MiB
+         with 1 MiB packets and 256 KiB read chunks);
          this bounds what this test's load may cost, not the daemon's worst
-         case: each stream may hold one packet outside the budget, and a
-         classic stream up to 3 MiB (its 2 MiB local buffer is not charged
-         to the budget), times max-streams, times max-connections;
+         case: each stream may hold a few packets the budget is charged for
+         but cannot refuse (docs/security.md), and a classic stream three
+         (its local buffer of two is not charged to the budget), times
+         max-streams, times max-connections;
   fds <= baseline + max-connections (one socket each) + 1 (a connection
          being refused) + 4 per stream running a child (stdin, stdout,
          stderr or a pty, and a pidfd) x 8 (the most the test runs at once)
@@ -106,8 +111,11 @@ LIMITS = ("--max-connections", str(MAX_CONNECTIONS), "--max-streams", str(MAX_ST
           "--handshake-timeout", str(HANDSHAKE_TIMEOUT), "--memory-budget", "64M")
 
 MIB = 1 << 20
-READ_CHUNK = 256 * 1024  # crates/io: smallest read into a connection's buffer
-RSS_BOUND = MEMORY_BUDGET + MAX_CONNECTIONS * (MAX_PAYLOAD + 24 + READ_CHUNK) + 40 * MIB
+# The daemon's max payload under LIMITS: a quarter of each connection's share
+# of the budget (docs/flow-control.md, "Memory budget").
+PACKET = MEMORY_BUDGET // (4 * MAX_CONNECTIONS)
+READ_CHUNK = 64 * 1024  # crates/io: smallest read into a connection's buffer
+RSS_BOUND = MEMORY_BUDGET + MAX_CONNECTIONS * (PACKET + 24 + READ_CHUNK) + 40 * MIB
 CHILD_STREAMS = 8        # most streams with a child process the test runs at once
 FD_BOUND = MAX_CONNECTIONS + 1 + 4 * CHILD_STREAMS + 8
 
@@ -726,7 +734,7 @@ def phase_stalls(d, sockets: Sockets) -> dict:
         s.sendall(packet(A_OPEN, 1, 0, b"sync:\0"))
         cmd, rid, _a1, _l, _dt, _r = read_packet(s, 5)
         assert cmd == A_OKAY, f"phase d: sync: refused ({cmd:#x})"
-        s.sendall(header(A_WRTE, 1, rid, b"", length=MAX_PAYLOAD) + _BLOB[:MAX_PAYLOAD // 2])
+        s.sendall(header(A_WRTE, 1, rid, b"", length=PACKET) + _BLOB[:PACKET // 2])
         stalled.append(s)
     # Stalled consumers: streams with much output, never read nor acknowledged.
     s = sockets.open()
@@ -773,17 +781,18 @@ def phase_stalls(d, sockets: Sockets) -> dict:
 # --- phase e: maximum-size payloads ---------------------------------------------------
 
 def push_max_wrtes(port: int, count: int) -> int:
-    """Sends `count` WRTEs of exactly MAX_PAYLOAD into `wc -c`; returns its count."""
+    """Sends `count` WRTEs of exactly PACKET into `wc -c`; returns its count."""
     c = RawClient(port)
     try:
         c.connect()
+        assert c.max_payload == PACKET, f"phase e: the daemon offers {c.max_payload}"
         c.send(A_OPEN, 1, 0, b"shell,v2,raw:wc -c\0")
         p = c.recv(5)
         assert p.command == A_OKAY and p.arg1 == 1, f"phase e: wc refused: {p!r}"
         rid = p.arg0
-        chunk = MAX_PAYLOAD - 5
+        chunk = PACKET - 5
         frame = bytes([0]) + struct.pack("<I", chunk) + _BLOB[:chunk]
-        assert len(frame) == MAX_PAYLOAD
+        assert len(frame) == PACKET
         out = bytearray()
         for _ in range(count):
             c.send(A_WRTE, 1, rid, frame)
@@ -833,16 +842,16 @@ def phase_max_payloads(d, sockets: Sockets) -> dict:
     for t in threads:
         t.join(60)
     assert not errors and len(counts) == 4, f"phase e: pushes failed: {errors}"
-    want = 8 * (MAX_PAYLOAD - 5)
+    want = 8 * (PACKET - 5)
     assert counts == [want] * 4, f"phase e: wc -c said {counts}, want {want} each"
 
     # A max-size OPEN: refused (no such service), the connection goes on.
     c = RawClient(d.port)
     try:
         c.connect()
-        name = b"zz-" + b"ab" * ((MAX_PAYLOAD - 4) // 2)
-        name = name[:MAX_PAYLOAD - 1] + b"\0"
-        assert len(name) == MAX_PAYLOAD
+        name = b"zz-" + b"ab" * ((PACKET - 4) // 2)
+        name = name[:PACKET - 1] + b"\0"
+        assert len(name) == PACKET
         c.send(A_OPEN, 1, 0, name)
         p = c.recv(5)
         assert p.command == A_CLSE and p.arg0 == 0 and p.arg1 == 1, f"phase e: {p!r}"
@@ -851,19 +860,20 @@ def phase_max_payloads(d, sockets: Sockets) -> dict:
     finally:
         c.close()
 
-    # One byte over the limit closes the connection: the fixed one, and a
-    # negotiated smaller one.
+    # One byte over the limit closes the connection: the daemon's own, and a
+    # smaller one the host asked for.
     over = 0
-    for max_payload, length in [(MAX_PAYLOAD, MAX_PAYLOAD + 1)] * 3 + [(4096, 4097)] * 3:
+    for asked, limit in [(MAX_PAYLOAD, PACKET)] * 3 + [(4096, 4096)] * 3:
+        length = limit + 1
         s = sockets.open()
-        got, _ = cnxn(s, max_payload=max_payload)
-        assert got == max_payload, f"phase e: negotiated {got}, asked {max_payload}"
+        got, _ = cnxn(s, max_payload=asked)
+        assert got == limit, f"phase e: negotiated {got}, asked {asked}"
         try:
             s.sendall(header(A_WRTE, 1, 1, b"", length=length))
             s.sendall(_BLOB[:length])
         except OSError:
             pass
-        assert outcome(s, 5) == "daemon-closed", f"phase e: WRTE of {length} > {max_payload} kept"
+        assert outcome(s, 5) == "daemon-closed", f"phase e: WRTE of {length} > {limit} kept"
         s.close()
         over += 1
     t_end = time.monotonic() + 3
@@ -1034,7 +1044,7 @@ def test_wrte_beyond_credit_is_not_buffered_without_limit(fresh_daemon, mode):
     """A host that ignores flow control, writing into a stream whose consumer
     (`sleep`) never reads, may not make the daemon hold more than the stream's
     credit. Bound: the memory budget (64 MiB) + 32 MiB (the stream's own
-    2 MiB local buffer, a read buffer, allocator slack). A daemon may close
+    local buffer of two packets, a read buffer, allocator slack). A daemon may close
     the connection (a protocol violation) or stop reading it; it may not
     buffer what it was sent: the flood goes on up to 4x the bound."""
     d = fresh_daemon(name=f"wrte-flood-{mode}", args=LIMITS)
@@ -1053,7 +1063,7 @@ def test_wrte_beyond_credit_is_not_buffered_without_limit(fresh_daemon, mode):
         p = c.recv(5)
         assert p.command == A_OKAY, p
         grant = struct.unpack("<i", p.data)[0] if p.data else None
-        chunk = packet(A_WRTE, 1, p.arg0, _BLOB[:MAX_PAYLOAD])
+        chunk = packet(A_WRTE, 1, p.arg0, _BLOB[:PACKET])
         how, sent, peak = flood_until_bound(d, c.sock, chunk, 4 * bound, bound, 30)
         print(f"\n{mode}: granted {grant}; sent {sent / MIB:.0f} MiB of WRTEs without "
               f"waiting; ended: {how}; daemon RSS +{peak / MIB:.0f} MiB (bound "

@@ -1,9 +1,11 @@
-"""oxadbd command-line options: --shell, --no-delayed-ack and --credit."""
+"""oxadbd command-line options: --shell, --no-delayed-ack, --credit and
+--memory-budget (the opening grant and the packet size)."""
 
 import struct
 import subprocess
 
 from adbproto import A_OKAY, A_OPEN, RawClient
+from harness import sha256_file, write_random
 
 
 def test_shell_option_selects_the_shell(adb_server, fresh_daemon):
@@ -75,16 +77,60 @@ def test_bad_credit_value_is_refused_with_the_choices(oxadbd_bin):
     assert b"classic, aosp or adaptive" in r.stderr, r.stderr
 
 
-def test_memory_budget_shrinks_the_opening_grant_and_is_logged(fresh_daemon):
-    # 4 MiB: a stream may take an eighth (512 KiB), less than the one-packet
-    # floor every stream keeps, so the opening grant is exactly one packet.
+def _max_payload(port: int) -> int:
+    """The max payload the daemon answers a 1 MiB CNXN with."""
+    c = RawClient(port)
+    try:
+        return c.connect().arg1
+    finally:
+        c.close()
+
+
+def test_memory_budget_sizes_packets_and_the_opening_grant_and_is_logged(fresh_daemon):
+    # A packet is at most a quarter of what each of the 64 connections served
+    # may take of the budget (docs/flow-control.md, "Memory budget"): 4 MiB
+    # gives 16 KiB, raised to the 64 KiB minimum; the opening grant is two
+    # packets.
     small = fresh_daemon("small", args=("--memory-budget", "4M"))
-    assert _initial_grant(small.port, 1 << 20) == 1 << 20
+    assert _max_payload(small.port) == 64 << 10
+    assert _initial_grant(small.port, 1 << 20) == 128 << 10
     # The settings are logged once at start (at debug), sizes in binary units.
     line = small.wait_for_log(lambda l: "DEBUG" in l and " settings " in l)
     assert line and "memory_budget=4 MiB" in line and "per_stream_cap=512 KiB" in line, line
-    roomy = fresh_daemon("roomy", args=("--memory-budget", "64M"))
+    assert "max_payload=64 KiB" in line, line
+    middle = fresh_daemon("middle", args=("--memory-budget", "64M"))
+    assert _max_payload(middle.port) == 256 << 10
+    assert _initial_grant(middle.port, 1 << 20) == 512 << 10
+    # Fewer connections leave each a larger share.
+    fewer = fresh_daemon("fewer", args=("--memory-budget", "64M", "--max-connections", "16"))
+    assert _max_payload(fewer.port) == 1 << 20
+    roomy = fresh_daemon("roomy", args=("--memory-budget", "1G"))
+    assert _max_payload(roomy.port) == 1 << 20
     assert _initial_grant(roomy.port, 1 << 20) == 2 << 20
+
+
+def test_adb29_pushes_and_pulls_in_the_small_packets_of_a_small_budget(adb_server, fresh_daemon,
+                                                                         tmp_path):
+    """adb 29 (classic) keeps to the 64 KiB payload a 16 MiB budget offers."""
+    d = fresh_daemon("small", args=("--memory-budget", "16M"))
+    adb_server.connect(d.serial)
+    try:
+        line = d.wait_for_log(lambda l: "host connected" in l, timeout=10)
+        assert line and "max_payload=65536" in line, line
+        src = tmp_path / "src.bin"
+        digest = write_random(src, 16 << 20)
+        remote = tmp_path / "remote.bin"
+        r = adb_server.run("push", str(src), str(remote), serial=d.serial, timeout=120)
+        assert r.rc == 0, r
+        assert sha256_file(remote) == digest
+        back = tmp_path / "back.bin"
+        r = adb_server.run("pull", str(remote), str(back), serial=d.serial, timeout=120)
+        assert r.rc == 0, r
+        assert sha256_file(back) == digest
+        # A larger WRTE would have closed the connection with a WARN line.
+        assert not d.wait_for_log(lambda l: "closing connection" in l, timeout=0.1)
+    finally:
+        adb_server.disconnect(d.serial)
 
 
 def test_bad_memory_budget_is_refused_naming_the_value(oxadbd_bin):

@@ -218,6 +218,28 @@ def test_pull_64mib_with_delayed_ack(node, fresh_daemon, tmp_path):
     _check_wire(out, delayed_ack=True)
 
 
+def test_small_budget_packets_with_delayed_ack(node, fresh_daemon, tmp_path):
+    """A 16 MiB budget offers 64 KiB payloads (docs/flow-control.md, "Memory
+    budget"): Tango keeps to them pushing, and the daemon pulling."""
+    d = fresh_daemon("small", args=("--memory-budget", "16M"))
+    size = 16 * MIB
+    src = tmp_path / "src.bin"
+    digest = write_random(src, size)
+    remote = tmp_path / "remote.bin"
+    back = tmp_path / "back.bin"
+    out = tango(node, d.port, ["features"], ["push", str(src), str(remote)],
+                ["pull", str(remote), str(back)])
+    feats, push, pull = results(out)
+    assert feats["max_payload"] == 64 << 10 and feats["delayed_ack"] is True, feats
+    assert push["sha256"] == digest and sha256_file(remote) == digest, push
+    assert pull["sha256"] == digest and sha256_file(back) == digest, pull
+    conn = out["connection"]
+    assert 0 < conn["maxWrtePayloadSent"] <= 64 << 10, conn
+    assert 0 < conn["maxWrtePayloadReceived"] <= 64 << 10, conn
+    assert conn["openArg1"] == [DELAYED_ACK_WINDOW] * 2, conn
+    assert set(conn["okayPayloadSizesReceived"]) == {"4"}, conn
+
+
 def test_no_delayed_ack_daemon_runs_the_same_transfers_classic(node, fresh_daemon, tmp_path):
     """Control: `--no-delayed-ack` hides the feature; the same transfers log delayed_ack=false."""
     d = fresh_daemon("classic", args=("--no-delayed-ack",))

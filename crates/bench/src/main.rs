@@ -68,6 +68,10 @@ enum Bench {
         budget: u64,
         #[arg(long, default_value_t = 64)]
         streams: usize,
+        /// Open N connections with one stream each instead of `--streams`
+        /// streams on one connection.
+        #[arg(long, value_name = "N", conflicts_with = "streams")]
+        connections: Option<usize>,
         /// Bytes pushed into each stream.
         #[arg(long, default_value = "32M", value_parser = parse_size)]
         per_stream: u64,
@@ -144,13 +148,19 @@ fn main() -> Result<()> {
             credits,
             budget,
             streams,
+            connections,
             per_stream,
             stall_seconds,
         } => memory::stream_memory(
             &oxadbd,
             &credits,
             budget,
-            streams,
+            connections.unwrap_or(streams),
+            if connections.is_some() {
+                memory::Spread::ConnectionEach
+            } else {
+                memory::Spread::OneConnection
+            },
             per_stream,
             std::time::Duration::from_secs_f64(stall_seconds),
         ),

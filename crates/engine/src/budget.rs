@@ -5,11 +5,20 @@
 //! memory. Below `comfortable` windows grow freely; between `comfortable`
 //! and `pressure` they stop growing; between `pressure` and `limit` they
 //! shrink linearly towards a one-packet floor; at `limit` no stream is
-//! granted anything beyond that floor. The floor (one packet per stream,
-//! classic ADB's own guarantee) sits outside the budget so that no stream
-//! can starve: whatever else happens, every stream keeps one packet moving.
+//! granted anything beyond that floor.
+//!
+//! Everything a stream or connection holds is counted: its grant, received
+//! bytes its consumer has not taken, and the part of a packet the consumer
+//! took while the rest of it keeps the allocation alive; a connection's read
+//! buffer too. The floor (one packet per stream, classic ADB's own
+//! guarantee), a sender's overshoot (a delayed-ack sender may send a whole
+//! packet on its last byte of credit) and read buffers are charged even
+//! beyond the limit, so that no stream can starve: whatever else happens,
+//! every stream keeps one packet moving. What they take leaves less for
+//! every other window.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The levels of a [`MemoryBudget`], in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +27,8 @@ pub struct BudgetLimits {
     pub comfortable: u64,
     /// Above this, windows shrink.
     pub pressure: u64,
-    /// Committed bytes never exceed this (beyond each stream's floor).
+    /// Grants stop here; only what cannot be refused (floors, overshoots,
+    /// read buffers) is charged beyond it.
     pub limit: u64,
     /// No single stream's window exceeds this.
     pub per_stream_cap: u64,
@@ -26,6 +36,11 @@ pub struct BudgetLimits {
 
 /// AOSP's fixed credit: the largest window any stream gets.
 const MAX_PER_STREAM: u64 = 32 * 1024 * 1024;
+
+/// The smallest packet [`BudgetLimits::packet_size`] chooses: AOSP's
+/// largest sync DATA payload (`SYNC_DATA_MAX`), so a push or pull never
+/// splits a frame over more than two packets.
+pub const MIN_PACKET: u32 = 64 * 1024;
 
 impl BudgetLimits {
     /// Levels for a hard `limit`, in `tcp_mem`'s proportions (3/4 : 1 : 3/2
@@ -39,6 +54,23 @@ impl BudgetLimits {
             limit,
             per_stream_cap: (limit / 8).min(MAX_PER_STREAM),
         }
+    }
+
+    /// The largest payload for a process that may have `streams` streams
+    /// (e.g. one per connection it serves) stalled at once: a quarter of each
+    /// one's share of the limit, since a stalled stream may hold about four
+    /// packets the budget cannot refuse (its floor, the sender's overshoot,
+    /// the rest of a packet its consumer took part of, its connection's read
+    /// buffer). Between [`MIN_PACKET`] and `max` (the protocol's 1 MiB), in
+    /// 4 KiB steps. With 64 MiB and 64 connections, 256 KiB: before the rest
+    /// of what a stream holds was charged, 64 connections into sleeping
+    /// consumers grew the daemon by 271 MiB with 1 MiB packets and by 129
+    /// MiB with 256 KiB ones (docs/benchmarks.md, "Daemon memory with
+    /// stalled streams").
+    pub fn packet_size(&self, streams: usize, max: u32) -> u32 {
+        let share = self.limit / (4 * streams.max(1) as u64);
+        let packet = share.min(u64::from(max)) as u32 & !4095;
+        packet.max(MIN_PACKET).min(max)
     }
 
     /// Levels for a machine with `available` bytes of free memory, the way
@@ -83,8 +115,8 @@ impl MemoryBudget {
         self.limits
     }
 
-    /// Bytes committed now: granted to senders and not yet consumed, beyond
-    /// each stream's floor.
+    /// Bytes committed now: granted to senders and not yet consumed,
+    /// received and held, and read buffers.
     pub fn committed(&self) -> u64 {
         self.committed.load(Ordering::Relaxed)
     }
@@ -151,12 +183,54 @@ impl MemoryBudget {
         }
     }
 
-    /// Returns `bytes` reserved earlier.
+    /// Charges `bytes` that are held whatever the limit says (a floor, an
+    /// overshoot that arrived, a read buffer): they count towards pressure,
+    /// so every other window shrinks to make room.
+    pub fn charge(&self, bytes: u64) {
+        if bytes > 0 {
+            let before = self.committed.fetch_add(bytes, Ordering::Relaxed);
+            self.peak.fetch_max(before + bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Returns `bytes` reserved or charged earlier.
     pub fn release(&self, bytes: u64) {
         if bytes > 0 {
             let before = self.committed.fetch_sub(bytes, Ordering::Relaxed);
             debug_assert!(before >= bytes, "released more than was reserved");
         }
+    }
+}
+
+/// Bytes something holds, charged to a budget (or to none) as they change
+/// and released on drop: a connection's read buffer.
+#[derive(Debug, Default)]
+pub struct Holding {
+    budget: Option<Arc<MemoryBudget>>,
+    bytes: u64,
+}
+
+impl Holding {
+    pub fn new(budget: Option<Arc<MemoryBudget>>) -> Holding {
+        Holding { budget, bytes: 0 }
+    }
+
+    /// Now `bytes` are held.
+    pub fn set(&mut self, bytes: u64) {
+        if let Some(budget) = &self.budget {
+            if bytes > self.bytes {
+                budget.charge(bytes - self.bytes);
+            } else {
+                budget.release(self.bytes - bytes);
+            }
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 
@@ -189,6 +263,51 @@ mod tests {
         assert_eq!(budget.committed(), 300);
         assert_eq!(budget.peak(), 1000);
         assert_eq!(budget.pressure(), Pressure::Comfortable);
+    }
+
+    #[test]
+    fn charges_go_beyond_the_limit_and_press_on_reservations() {
+        let budget = Arc::new(MemoryBudget::new(BudgetLimits::from_limit(1000)));
+        budget.charge(900);
+        assert_eq!(budget.reserve(300), 100, "a charge leaves less to reserve");
+        budget.charge(500);
+        assert_eq!(budget.committed(), 1500);
+        assert_eq!(budget.peak(), 1500, "charges are not clipped");
+        assert_eq!(budget.reserve(1), 0);
+        let mut held = Holding::new(Some(budget.clone()));
+        held.set(200);
+        held.set(50);
+        assert_eq!(budget.committed(), 1550);
+        drop(held);
+        budget.release(1500);
+        assert_eq!(budget.committed(), 0);
+    }
+
+    #[test]
+    fn packets_are_a_quarter_of_a_stalled_streams_share() {
+        let max = 1 << 20;
+        let limits = BudgetLimits::from_limit(64 << 20);
+        assert_eq!(limits.packet_size(64, max), 256 << 10);
+        assert_eq!(
+            limits.packet_size(1, max),
+            max,
+            "never above the protocol's"
+        );
+        assert_eq!(limits.packet_size(65, max), 252 << 10, "in 4 KiB steps");
+        assert_eq!(
+            BudgetLimits::from_limit(1 << 20).packet_size(64, max),
+            MIN_PACKET
+        );
+        assert_eq!(
+            BudgetLimits::from_limit(1 << 20).packet_size(64, 4096),
+            4096,
+            "never above the given maximum"
+        );
+        assert_eq!(
+            BudgetLimits::from_available_memory(512 << 20).packet_size(64, max),
+            192 << 10,
+            "a 512 MiB board's 48 MiB budget"
+        );
     }
 
     #[test]

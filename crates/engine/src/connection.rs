@@ -366,6 +366,9 @@ struct Stream {
     outgoing: SendQueue,
     /// Received, not yet read by the application.
     incoming: VecDeque<Bytes>,
+    /// Bytes read from the front of `incoming`'s first packet, which its
+    /// allocation holds until the rest is read.
+    front_read: u64,
     /// `write` refused data for a full send buffer: [`Event::Writable`] is
     /// owed once it drains (scheduling, not lifecycle).
     writer_blocked: bool,
@@ -638,6 +641,7 @@ impl Connection {
             recv: self.new_recv_credit(),
             outgoing: SendQueue::default(),
             incoming: VecDeque::new(),
+            front_read: 0,
             writer_blocked: false,
             in_sendable: false,
             credit_blocked_since: None,
@@ -1262,11 +1266,15 @@ impl Connection {
             });
         };
         let chunk = if front.len() <= max {
+            stream.front_read = 0;
             stream.incoming.pop_front().expect("front exists")
         } else {
+            stream.front_read += max as u64;
             front.split_to(max)
         };
-        stream.recv.on_consumed(chunk.len(), self.now_ns);
+        stream
+            .recv
+            .on_read(chunk.len(), stream.front_read, self.now_ns);
         self.queue_okays(id.0);
         if let Some(stream) = self.streams.get_mut(&id.0) {
             stream.note_consumer(self.now_ns);

@@ -8,7 +8,7 @@ pub mod connection;
 pub mod credit;
 pub mod send_queue;
 
-pub use budget::{BudgetLimits, MemoryBudget, Pressure};
+pub use budget::{BudgetLimits, Holding, MemoryBudget, Pressure, MIN_PACKET};
 pub use connection::{
     AuthReply, Config, Connection, Event, Outgoing, Peer, ProtocolError, Read, Role, StreamError,
     StreamId, StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN, DEFAULT_MAX_STREAMS,

@@ -828,8 +828,10 @@ fn randomised_transfers_complete_within_credit_under_every_policy_pair() {
         assert_eq!(sides[1].received, sides[0].to_send, "seed {seed}");
         drop(sides);
         for budget in budgets {
+            // Beyond the limit only what cannot be refused: the stream's
+            // floor, the sender's overshoot and a partly read packet.
             assert!(
-                budget.peak() <= budget.limits().limit,
+                budget.peak() <= budget.limits().limit + 3 * u64::from(max_payload),
                 "seed {seed}: budget exceeded"
             );
             assert_eq!(budget.committed(), 0, "seed {seed}: budget leaked");
@@ -909,7 +911,9 @@ fn streams_sharing_a_small_budget_stay_within_it_and_complete() {
                 "seed {seed}: {buffered} bytes held over a budget of {limit} ({streams} streams)"
             );
         }
-        assert!(budget.peak() <= limit);
+        // Beyond the limit only what cannot be refused: each stream's floor,
+        // its sender's overshoot and a partly read packet.
+        assert!(budget.peak() <= limit + streams as u64 * 3 * u64::from(max_payload));
         drop(pair);
         assert_eq!(budget.committed(), 0, "seed {seed}: budget leaked");
     }

@@ -3,7 +3,6 @@
 //! the sweep of streams stalled on the peer's credit.
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
@@ -170,9 +169,11 @@ pub(crate) async fn sweep_stalled(shared: Arc<Shared>, limit: std::time::Duratio
 /// more than any well-behaved peer causes (one OKAY per WRTE in flight).
 const MAX_CONTROL_BACKLOG: usize = 4096;
 
-/// Smallest read into the receive buffer: many small packets (OKAYs) arrive in
-/// one syscall, and a large payload is read straight into place.
-const READ_CHUNK: usize = 256 * 1024;
+/// Smallest read into the receive buffer: many small packets (OKAYs, 28
+/// bytes) arrive in one syscall, and a payload at least this large is read
+/// straight into place. An idle connection keeps this much, charged to the
+/// memory budget (256 KiB each held 16 MiB for 64 connections).
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
 
 pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
     shared: &Arc<Shared>,
@@ -182,8 +183,12 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
     // without copying; fresh capacity is reserved as they are given away.
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     // Room for a whole packet of this size is made before its header is read
-    // while large payloads keep coming (see `fill`).
+    // while large payloads keep coming (see `make_room`).
     let mut room_ahead = READ_CHUNK;
+    // What the buffer holds beyond the payloads handed to streams (which
+    // count their own) is charged to the memory budget.
+    let mut holding =
+        oxadb_engine::Holding::new(shared.lock().engine.config().memory_budget.clone());
     loop {
         // Every complete packet already read is handled under one lock: the
         // stream tasks and the writer contend for it, and a read often brings
@@ -246,7 +251,14 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
                 drained.await;
             }
         }
-        match fill(&mut reader, &mut buf, need, room_ahead).await {
+        let limit = make_room(&mut buf, need, room_ahead);
+        holding.set(buf.capacity() as u64);
+        let filled = reader
+            .read_buf(&mut bytes::BufMut::limit(&mut buf, limit))
+            .await;
+        holding.set(buf.capacity() as u64);
+        crate::process::note_activity();
+        match filled {
             Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,
             Ok(0) if buf.len() < HEADER_LEN => return ConnectionError::TruncatedHeader(buf.len()),
             Ok(0) => {
@@ -264,9 +276,11 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
-/// Reads more into `buf`, which must reach `want` bytes in total; `room_ahead`
-/// is the size of the last packet, made room for whenever the buffer holds
-/// no more than part of a header.
+/// Makes room in `buf` for the next read, which must bring it to `want`
+/// bytes in total; returns how much to read. `room_ahead` is the size of
+/// the last packet, made room for whenever the buffer holds no more than
+/// part of a header. The room is made before the read waits, so that the
+/// read buffer's charge to the memory budget includes it.
 ///
 /// Small packets are read many at a time. For a large payload the read stops
 /// at the end of its packet plus the next header: bytes of a following
@@ -274,14 +288,9 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
 /// room is reserved (`BytesMut::reserve` moves them: memmove was 3.4% of a
 /// 1 GiB burst pull's client samples before this limit, 2.2% after). For the
 /// same reason the next packet's room is made before its header arrives
-/// while packets are large: made after, it moved the 256 KiB read with the
+/// while packets are large: made after, it moved a 256 KiB read with the
 /// header, 6% of oxadbd's samples during a 1 GiB push.
-async fn fill<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    buf: &mut BytesMut,
-    want: usize,
-    room_ahead: usize,
-) -> io::Result<usize> {
+fn make_room(buf: &mut BytesMut, want: usize, room_ahead: usize) -> usize {
     let missing = want.saturating_sub(buf.len());
     // A large packet is read to its end (plus the next header) into room made
     // once: asking for a whole READ_CHUNK near its end would move all of it.
@@ -295,11 +304,16 @@ async fn fill<R: AsyncRead + Unpin>(
     } else {
         limit
     };
-    if buf.capacity() - buf.len() < room {
-        buf.reserve(room);
+    if buf.capacity() - buf.len() < room && !buf.try_reclaim(room) {
+        // An allocation of exactly this size: `reserve` doubles a buffer it
+        // can reclaim, and a packet sharing an allocation with the next keeps
+        // both alive until both are read, which the budget cannot see (64
+        // connections held 20 MiB more than was charged).
+        let mut fresh = BytesMut::with_capacity(buf.len() + room);
+        fresh.extend_from_slice(buf);
+        *buf = fresh;
     }
-    let mut limited = bytes::BufMut::limit(&mut *buf, limit);
-    reader.read_buf(&mut limited).await
+    limit
 }
 
 /// Bytes written per batch: enough to fill a socket buffer in one writev.
@@ -353,6 +367,7 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
             break;
         }
         shared.drained.notify_one();
+        crate::process::note_activity();
     }
     sink.shutdown().await;
 }

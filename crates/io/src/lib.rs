@@ -34,7 +34,7 @@ pub use connection::{tcp_halves, Connection, Incoming};
 pub use oxadb_engine::{AuthReply, Peer, StreamStats};
 pub use process::{
     available_memory, default_budget_limits, format_size, parse_credit_mode, parse_size,
-    process_budget, tune_allocator,
+    process_budget, release_free_memory, resident_bytes, trim_when_idle, tune_allocator,
 };
 pub use sink::{OutgoingPacket, PacketSink, StreamSink};
 pub use stream::{AdbStream, ReadChunk, WriteChunk};

@@ -1,7 +1,10 @@
 //! Per-process settings (the allocator, the receive-memory budget) and the
 //! values both command lines (`oxadbd`, `oxadb`) parse.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use tokio::sync::Notify;
 
 /// Tunes glibc's allocator for bulk transfers; call once at process start.
 ///
@@ -9,7 +12,18 @@ use std::sync::Arc;
 /// second. Above glibc's mmap threshold each one is a fresh mmap, so every
 /// transfer pays page faults and kernel page zeroing (about 15% of the
 /// daemon's CPU in a 1 GiB push, measured with perf); served from the heap they
-/// reuse warm memory. The trim threshold bounds what an idle process keeps.
+/// reuse warm memory. The trim threshold and top pad keep freed packets'
+/// pages between transfers' bursts; an idle daemon hands them back with
+/// [`trim_when_idle`].
+///
+/// One arena for every thread: glibc gives threads arenas of their own (up to
+/// 8 per core), and a thread's arena never gives back the top of its heap
+/// while the trim threshold is as large as the heap (64 MiB), not even to
+/// `malloc_trim`. After eight clients had each pushed and pulled 8 MiB ten
+/// times, the idle daemon kept 98 MiB with per-thread arenas (83 MiB after
+/// `malloc_trim`), 41 MiB with one arena and 6 MiB with one arena after
+/// `malloc_trim` (docs/benchmarks.md, "Daemon memory after load"); CPU per
+/// GiB pushed and pulled did not change.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before threads start.
@@ -17,7 +31,85 @@ pub fn tune_allocator() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
         libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+}
+
+/// Connection activity of the whole process: bumped by every read and
+/// every batch written ([`note_activity`]), watched by [`trim_when_idle`].
+static ACTIVITY: AtomicU64 = AtomicU64::new(0);
+/// Set while [`trim_when_idle`] waits for the next activity, so that only
+/// the first read or write after a quiet spell pays for waking it.
+static WAITING: AtomicBool = AtomicBool::new(false);
+static WOKEN: Notify = Notify::const_new();
+
+/// Records that a connection moved bytes (or ended).
+pub(crate) fn note_activity() {
+    ACTIVITY.fetch_add(1, Ordering::SeqCst);
+    if WAITING.load(Ordering::Relaxed) && WAITING.swap(false, Ordering::SeqCst) {
+        WOKEN.notify_one();
+    }
+}
+
+/// Gives the memory the allocator holds free back to the system; returns
+/// whether the allocator can be asked to (glibc's `malloc_trim`, which
+/// releases the free pages inside every arena and the main heap's top: with
+/// the one arena [`tune_allocator`] sets, everything free). musl maps
+/// large blocks one by one and unmaps them when they are freed.
+pub fn release_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only takes the arenas' own locks.
+        unsafe { libc::malloc_trim(0) };
+        true
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// Returns free memory to the system once connections have been quiet for
+/// `quiet` after moving data (see [`release_free_memory`]); runs until
+/// dropped. During transfers the allocator keeps its pages: reused warm
+/// heap is what [`tune_allocator`] is for.
+pub async fn trim_when_idle(quiet: std::time::Duration) {
+    let mut seen = ACTIVITY.load(Ordering::SeqCst);
+    loop {
+        // Sleep until something moves (no timer runs while the daemon idles).
+        WAITING.store(true, Ordering::SeqCst);
+        if ACTIVITY.load(Ordering::SeqCst) == seen {
+            WOKEN.notified().await;
+        }
+        WAITING.store(false, Ordering::SeqCst);
+        // Then until nothing has moved for `quiet`.
+        loop {
+            seen = ACTIVITY.load(Ordering::SeqCst);
+            tokio::time::sleep(quiet).await;
+            if ACTIVITY.load(Ordering::SeqCst) == seen {
+                break;
+            }
+        }
+        let before = resident_bytes();
+        let started = std::time::Instant::now();
+        if !release_free_memory() {
+            return;
+        }
+        tracing::debug!(
+            rss_before = before,
+            rss_after = resident_bytes(),
+            took_us = started.elapsed().as_micros() as u64,
+            "idle: returned free memory to the system"
+        );
+    }
+}
+
+/// This process's resident set (`VmRSS`), in bytes.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.

@@ -180,6 +180,65 @@ async fn whole_chunks_flow_under_credit() {
     }
 }
 
+/// Everything a connection holds is charged to the memory budget: what its
+/// stream received and nobody read (beyond a window's worth: the floor and
+/// the sender's overshoot too), and its read buffer; all of it comes back
+/// when the connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_is_charged_unread_data_and_the_read_buffer() {
+    use std::time::{Duration, Instant};
+    let budget = std::sync::Arc::new(oxadb_engine::MemoryBudget::new(
+        oxadb_engine::BudgetLimits::from_limit(64 << 20),
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let device_budget = budget.clone();
+    let device = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut config = config(Role::Device, true);
+        config.memory_budget = Some(device_budget);
+        let (connection, run) = start_tcp(socket, config);
+        let run = tokio::spawn(run);
+        // Accepted and never read.
+        let stream = connection.next_incoming().await.unwrap().accept();
+        (connection, stream, run)
+    });
+    let connection = host(addr, true).await;
+    let mut stream = connection.open("sink:").await.unwrap();
+    let (device_connection, device_stream, device_run) = device.await.unwrap();
+    let writer = tokio::spawn(async move {
+        let _ = stream.write_all(&vec![7u8; 8 << 20]).await;
+        stream
+    });
+    // Wait for arrivals to stop: the window is full.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut received = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = device_stream.stats().unwrap().bytes_received;
+        if now == received && now > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "data kept arriving: {now} bytes");
+        received = now;
+    }
+    let committed = budget.committed();
+    assert!(
+        committed >= received + crate::driver::READ_CHUNK as u64,
+        "{committed} bytes charged for {received} unread and a read buffer"
+    );
+    assert!(
+        received >= 2 << 20,
+        "{received} bytes arrived; the opening window is two packets"
+    );
+    drop(device_stream);
+    device_connection.close();
+    connection.close();
+    let _ = device_run.await;
+    drop(writer.await.unwrap());
+    assert_eq!(budget.committed(), 0, "everything charged came back");
+}
+
 #[test]
 fn sizes_take_binary_suffixes() {
     assert_eq!(parse_size("65536"), Ok(65536));

@@ -504,7 +504,18 @@ impl DaemonConfig {
         engine.require_auth = self.access.uses_keys();
         engine.max_streams = self.access.max_streams;
         engine.stalled_stream_timeout = self.access.stalled_stream_timeout;
+        engine.max_payload = self.max_payload();
+        // Classic streams (adb 29) buffer two packets, as with 1 MiB ones.
+        engine.local_buffer = 2 * engine.max_payload as usize;
         engine
+    }
+
+    /// The largest payload offered in CNXN: 1 MiB unless the budget is
+    /// small for the connections served (`BudgetLimits::packet_size`, one
+    /// stalled stream per connection); hosts send no larger packets.
+    pub fn max_payload(&self) -> u32 {
+        self.memory_budget
+            .packet_size(self.access.max_connections, oxadb_wire::MAX_PAYLOAD)
     }
 }
 

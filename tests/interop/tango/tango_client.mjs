@@ -129,6 +129,10 @@ const wire = {
     okayPayloadSizesReceived: {},
     okayPayloadSizesSent: {},
     maxWrtesInFlight: 0,
+    // The largest WRTE payload each way: never above the max payload of the
+    // CNXN the other side sent.
+    maxWrtePayloadSent: 0,
+    maxWrtePayloadReceived: 0,
     // delayed_ack credit as seen from the host: bytes the device sent on a
     // stream minus the bytes the host acknowledged (its OKAY payloads).
     maxDeviceBytesUnacked: 0,
@@ -165,6 +169,7 @@ function noteSent(p) {
         }
     }
     if (p.command === A_WRTE) {
+        wire.maxWrtePayloadSent = Math.max(wire.maxWrtePayloadSent, p.payload.length);
         const n = (inFlight.get(p.arg0) ?? 0) + 1;
         inFlight.set(p.arg0, n);
         wire.maxWrtesInFlight = Math.max(wire.maxWrtesInFlight, n);
@@ -184,6 +189,7 @@ function noteReceived(p) {
         }
     }
     if (p.command === A_WRTE) {
+        wire.maxWrtePayloadReceived = Math.max(wire.maxWrtePayloadReceived, p.payload.length);
         const got = (deviceBytes.get(p.arg1) ?? 0) + p.payload.length;
         deviceBytes.set(p.arg1, got);
         wire.maxDeviceBytesUnacked = Math.max(wire.maxDeviceBytesUnacked, got - (hostAcked.get(p.arg1) ?? 0));

@@ -17,10 +17,11 @@ pub struct AdaptiveParams {
     pub initial: u64,
     /// The per-stream cap.
     pub max_window: u64,
-    /// What the stream may always have outstanding, outside any budget:
-    /// one packet, classic ADB's own guarantee, so no stream can starve.
+    /// What the stream may always have outstanding, whatever the budget
+    /// says: one packet, classic ADB's own guarantee, so no stream can
+    /// starve. It is charged to the budget all the same.
     pub floor: u64,
-    /// The process-wide budget the window draws from beyond its floor.
+    /// The process-wide budget the window draws from.
     pub budget: Option<Arc<MemoryBudget>>,
     /// Add headroom for clumped deliveries (docs/flow-control.md,
     /// "Headroom for clumps").
@@ -37,9 +38,11 @@ pub struct AdaptiveWindow {
     max_window: u64,
     floor: u64,
     budget: Option<Arc<MemoryBudget>>,
-    /// Bytes of `budget` this stream holds: its grant beyond the floor that
-    /// the consumer has not taken yet.
+    /// Bytes of `budget` this stream holds: [`AdaptiveWindow::held`].
     reserved: u64,
+    /// Bytes the consumer took of the packet it is reading: the packet's
+    /// allocation holds them until it has taken the rest.
+    pinned: u64,
     /// `None` when headroom is switched off.
     headroom: Option<AckHeadroom>,
     /// Whether the consumer's last read emptied the buffer.
@@ -74,8 +77,9 @@ impl AdaptiveWindow {
         let mut reserved = 0;
         if let Some(budget) = &params.budget {
             window = budget.allowed_window(window, floor);
-            reserved = budget.reserve(window - floor);
-            window = floor + reserved;
+            budget.charge(floor);
+            reserved = floor + budget.reserve(window - floor);
+            window = reserved;
         }
         AdaptiveWindow {
             window,
@@ -83,6 +87,7 @@ impl AdaptiveWindow {
             floor,
             budget: params.budget,
             reserved,
+            pinned: 0,
             headroom: params.ack_headroom.then(AckHeadroom::default),
             consumer_kept_up: true,
             granted: window,
@@ -119,6 +124,8 @@ impl ReceivePolicy for AdaptiveWindow {
         if let Some(rtt) = adaptive.min_rtt_ns {
             adaptive.ramp.on_received(counts.received, now_ns, rtt);
         }
+        // A sender's overshoot beyond its grant is held now.
+        adaptive.settle(counts);
     }
 
     fn on_consumed(&mut self, backlog: u64, counts: Counts, now_ns: u64) {
@@ -135,7 +142,11 @@ impl ReceivePolicy for AdaptiveWindow {
             adaptive.grow_to(target);
         }
         adaptive.size_for_stalls(backlog, caught_up, counts.received, now_ns);
-        adaptive.release_consumed(counts.consumed);
+        adaptive.settle(counts);
+    }
+
+    fn set_pinned(&mut self, pinned: u64) {
+        self.pinned = pinned;
     }
 
     fn withholding(&self, counts: Counts) -> bool {
@@ -170,7 +181,7 @@ impl ReceivePolicy for AdaptiveWindow {
         }
         // The budget has the last word: beyond the floor, a grant is
         // only as large as what is left of it.
-        increase = adaptive.reserve_for_grant(increase, counts.consumed);
+        increase = adaptive.reserve_for_grant(increase, counts);
         if increase == 0 {
             return;
         }
@@ -256,34 +267,44 @@ impl AdaptiveWindow {
         }
     }
 
-    /// Grant beyond the floor what the consumer has not taken: that is what
-    /// this stream holds of the budget.
-    fn beyond_floor(&self, granted: u64, consumed: u64) -> u64 {
-        granted.saturating_sub(consumed).saturating_sub(self.floor)
+    /// What the stream holds with a grant of `granted`: the grant, or what
+    /// arrived beyond it (a sender's one-packet overshoot), less what the
+    /// consumer took, plus the taken part of the packet it is reading.
+    fn held(&self, granted: u64, counts: Counts) -> u64 {
+        granted.max(counts.received) - counts.consumed + self.pinned
     }
 
     /// Reserves budget for a grant of `increase` bytes; returns the grant the
-    /// budget allows (all of it without a budget).
-    fn reserve_for_grant(&mut self, increase: u64, consumed: u64) -> u64 {
+    /// budget allows (all of it without a budget). Up to the floor the grant
+    /// is charged whatever the limit says.
+    fn reserve_for_grant(&mut self, increase: u64, counts: Counts) -> u64 {
         let Some(budget) = &self.budget else {
             return increase;
         };
-        let target = self.beyond_floor(self.granted + increase, consumed);
-        let need = target.saturating_sub(self.reserved);
-        let got = budget.reserve(need);
+        let need = self
+            .held(self.granted + increase, counts)
+            .saturating_sub(self.reserved);
+        let forced = need.min(self.floor.saturating_sub(self.reserved));
+        budget.charge(forced);
+        let got = forced + budget.reserve(need - forced);
         self.reserved += got;
         increase - (need - got)
     }
 
-    fn release_consumed(&mut self, consumed: u64) {
+    /// Charges or releases what changed in [`AdaptiveWindow::held`] after
+    /// bytes arrived or were consumed: arrivals are already in memory, so
+    /// they are charged beyond the limit if need be.
+    fn settle(&mut self, counts: Counts) {
         let Some(budget) = &self.budget else {
             return;
         };
-        let target = self.beyond_floor(self.granted, consumed);
-        if target < self.reserved {
-            budget.release(self.reserved - target);
-            self.reserved = target;
+        let held = self.held(self.granted, counts);
+        if held > self.reserved {
+            budget.charge(held - self.reserved);
+        } else {
+            budget.release(self.reserved - held);
         }
+        self.reserved = held;
     }
 
     fn rtt_sample(&mut self, rtt_ns: u64) {
@@ -517,10 +538,48 @@ mod tests {
                 committed <= limit + 20 * floor,
                 "round {round}: {committed} granted and unconsumed over a budget of {limit}"
             );
+            assert_eq!(
+                budget.committed(),
+                committed,
+                "round {round}: the budget counts what every stream holds"
+            );
         }
-        assert!(budget.peak() <= limit);
+        // Only the floors are charged beyond the limit.
+        assert!(budget.peak() <= limit + 20 * floor);
         drop(streams);
         assert_eq!(budget.committed(), 0, "every stream returned its share");
+    }
+
+    /// The budget is charged what the stream may hold: its grant, what a
+    /// sender's overshoot brought beyond it, and the part of a packet its
+    /// consumer took while the rest keeps the allocation alive.
+    #[test]
+    fn the_budget_is_charged_overshoots_and_partly_read_packets() {
+        let budget = Arc::new(MemoryBudget::new(crate::BudgetLimits::from_limit(1 << 20)));
+        let mut credit = RecvCredit::adaptive(
+            AdaptiveParams {
+                initial: 2000,
+                max_window: 1 << 20,
+                floor: 1000,
+                budget: Some(budget.clone()),
+                ack_headroom: false,
+                slow_start: false,
+            },
+            0,
+        );
+        assert_eq!(budget.committed(), 2000, "the opening grant");
+        credit.on_received(1000, 0);
+        credit.on_read(300, 300, 0);
+        assert_eq!(budget.committed(), 2000, "300 bytes read, still allocated");
+        credit.on_read(700, 0, 0);
+        assert_eq!(budget.committed(), 1000, "the packet is gone");
+        // The sender had 1000 bytes of credit left and sent a 1500-byte packet.
+        credit.on_received(1500, 0);
+        assert_eq!(budget.committed(), 1500, "the overshoot is charged");
+        credit.on_consumed(1500, 0);
+        assert_eq!(budget.committed(), 0);
+        drop(credit);
+        assert_eq!(budget.committed(), 0);
     }
 
     /// Data that arrives in clumps (8 ms of it at once, every 8 ms, over a

@@ -144,6 +144,10 @@ pub trait ReceivePolicy: std::fmt::Debug + Send {
     /// The consumer took bytes; `backlog` is what it had not taken before.
     fn on_consumed(&mut self, _backlog: u64, _counts: Counts, _now_ns: u64) {}
 
+    /// Bytes the consumer took that stay allocated (the first part of a
+    /// packet it reads in pieces), set before the `on_consumed` that took them.
+    fn set_pinned(&mut self, _pinned: u64) {}
+
     /// Whether the sender has no credit left because our consumer has not
     /// taken what arrived.
     fn withholding(&self, counts: Counts) -> bool;
@@ -268,6 +272,13 @@ impl RecvCredit {
     }
 
     pub fn on_consumed(&mut self, bytes: usize, now_ns: u64) {
+        self.on_read(bytes, 0, now_ns);
+    }
+
+    /// The consumer took `bytes`, after which the first `pinned` bytes of
+    /// the packet it is reading (those it took) stay allocated with the rest.
+    pub fn on_read(&mut self, bytes: usize, pinned: u64, now_ns: u64) {
+        self.policy.set_pinned(pinned);
         let backlog = self.counts.buffered();
         self.counts.consumed += bytes as u64;
         self.policy.on_consumed(backlog, self.counts, now_ns);

@@ -30,8 +30,10 @@ use tracing::{debug, warn};
 const CHUNK: usize = 64 * 1024;
 /// How much host input we read ahead while the child's stdin is full: enough
 /// to notice the host closing the stream, bounded so a slow child throttles
-/// the host instead of growing our buffers.
-const READ_AHEAD: usize = 256 * 1024;
+/// the host instead of growing our buffers. Input read is no longer the
+/// stream's, so the memory budget does not count it: with 256 KiB, 64 exec
+/// streams into sleeping children held 22 MiB here.
+const READ_AHEAD: usize = CHUNK;
 /// v1 raw (`exec:`) has no close-stdin, so a host that is done sending just
 /// closes the stream (`adb exec-in`). We hand the child what already arrived
 /// plus EOF and wait this long before hanging up.
@@ -418,8 +420,13 @@ impl Input {
                 }
             };
             let want_read = self.pending.is_empty() || buffered < READ_AHEAD;
+            let most = if self.pending.is_empty() {
+                CHUNK
+            } else {
+                READ_AHEAD.saturating_sub(buffered)
+            };
             tokio::select! {
-                r = read_some(rd, inbuf), if want_read => match r {
+                r = read_some(rd, inbuf, most), if want_read => match r {
                     Ok(0) => return Ok(()),
                     Ok(_) => {}
                     Err(e) => {
@@ -520,9 +527,14 @@ impl Input {
     }
 }
 
-async fn read_some<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
-    buf.reserve(CHUNK);
-    rd.read_buf(buf).await
+/// Reads at most `most` bytes into `buf`.
+async fn read_some<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    most: usize,
+) -> io::Result<usize> {
+    buf.reserve(most);
+    rd.read_buf(&mut bytes::BufMut::limit(buf, most)).await
 }
 
 // ---------------------------------------------------------------------------

@@ -335,15 +335,19 @@ class AdbServer:
         return found
 
     def wait_device(self, serial: str, timeout: float = 20.0) -> None:
+        self.wait_state(serial, "device", timeout)
+
+    def wait_state(self, serial: str, want: str, timeout: float = 20.0) -> None:
+        """Waits until `adb devices` lists `serial` as `want` (e.g. `unauthorized`)."""
         deadline = time.monotonic() + timeout
         last = {}
         while time.monotonic() < deadline:
             last = self.devices()
-            if last.get(serial) == "device":
+            if last.get(serial) == want:
                 return
             time.sleep(0.1)
         raise AssertionError(
-            f"{serial} did not reach state 'device' within {timeout}s; adb devices: {last}")
+            f"{serial} did not reach state {want!r} within {timeout}s; adb devices: {last}")
 
     def disconnect(self, serial: str) -> None:
         self.run("disconnect", serial, timeout=20)

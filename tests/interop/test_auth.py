@@ -63,24 +63,13 @@ def make_signer(tmp_path: Path, name: str) -> tuple[PythonRSASigner, Path]:
     return PythonRSASigner.FromRSAKeyPath(str(path)), Path(str(path) + ".pub")
 
 
-def wait_state(srv: AdbServer, serial: str, want: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    last = {}
-    while time.monotonic() < deadline:
-        last = srv.devices()
-        if last.get(serial) == want:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{serial} never reached {want!r}; adb devices: {last}")
-
-
 def test_adb29_is_unauthorized_until_its_key_is_trusted(adb_bin, fresh_daemon, tmp_path):
     d, keys = auth_daemon(fresh_daemon, tmp_path)
     srv = AdbServer(adb_bin, tmp_path / "adb")
     try:
         srv.start()
         srv.run("connect", d.serial, timeout=20)
-        wait_state(srv, d.serial, "unauthorized")
+        srv.wait_state(d.serial, "unauthorized")
         r = srv.run("shell", "echo hi", serial=d.serial, timeout=20)
         assert r.rc != 0 and "unauthorized" in r.both, r
         assert d.wait_for_log(lambda t: "unauthorized host" in t, timeout=10), \

@@ -218,21 +218,10 @@ def assert_root_raw_gets_in(d) -> None:
         c.close()
 
 
-def wait_state(srv: AdbServer, serial: str, want: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    last = {}
-    while time.monotonic() < deadline:
-        last = srv.devices()
-        if last.get(serial) == want:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{serial} never reached {want!r}; adb devices: {last}")
-
-
 def assert_unauthorized_adb(srv: AdbServer, d, uid: int) -> None:
     r = srv.run("connect", d.serial, timeout=20)
     assert f"failed to authenticate to {d.serial}" in r.out, r
-    wait_state(srv, d.serial, "unauthorized")
+    srv.wait_state(d.serial, "unauthorized")
     r = srv.run("shell", "echo leaked", serial=d.serial, timeout=20)
     assert r.rc != 0 and "unauthorized" in r.both and "leaked" not in r.out, r
     assert d.wait_for_log(

@@ -38,6 +38,9 @@ const READ_AHEAD: usize = CHUNK;
 /// closes the stream (`adb exec-in`). We hand the child what already arrived
 /// plus EOF and wait this long before hanging up.
 const HANGUP_GRACE: Duration = Duration::from_millis(500);
+/// How long a process group may ignore the hang-up (SIGHUP) that ends a
+/// stream the host closed before it gets SIGKILL.
+const KILL_AFTER_HANGUP: Duration = Duration::from_secs(3);
 /// adbd's exit status when the service cannot start (its `ReportError`).
 const START_FAILED_STATUS: u8 = 126;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -197,7 +200,7 @@ where
             // than blocking on a full pipe forever.
             drop((input, stdout, stderr));
             let _ = wr.shutdown().await;
-            reap_in_background(process, pid);
+            kill_after_hangup_grace(process, pid);
         }
     }
     match protocol_error {
@@ -223,6 +226,38 @@ fn exit_status_byte(s: ExitStatus) -> u8 {
 }
 
 /// Awaits the child in a task so it never lingers as a zombie.
+/// After the hang-up, what is still in the process group ignored it: it gets
+/// SIGKILL once `KILL_AFTER_HANGUP` has passed, so nothing a host started
+/// outlives its stream unless it left the group (`setsid`, as `nohup` users
+/// do). The group's id cannot be taken by an unrelated process meanwhile:
+/// Linux keeps a process group's id allocated while any member lives.
+fn kill_after_hangup_grace(mut process: tokio::process::Child, pid: Pid) {
+    tokio::spawn(async move {
+        let hung_up = tokio::time::Instant::now();
+        let exited = tokio::time::timeout(KILL_AFTER_HANGUP, process.wait()).await;
+        // The whole grace period, even when the shell itself went at once:
+        // what it started may still be finishing up after the SIGHUP.
+        tokio::time::sleep_until(hung_up + KILL_AFTER_HANGUP).await;
+        if rustix::process::test_kill_process_group(pid).is_ok() {
+            debug!(
+                pid = pid.as_raw_nonzero().get(),
+                "shell: process group ignored the hang-up; SIGKILL"
+            );
+            if let Err(e) = rustix::process::kill_process_group(pid, Signal::KILL) {
+                debug!(error = %e, "shell: SIGKILL to process group failed");
+            }
+        }
+        let status = match exited {
+            Ok(status) => status,
+            Err(_) => process.wait().await,
+        };
+        match status {
+            Ok(s) => debug!(pid = pid.as_raw_nonzero().get(), status = %s, "shell: reaped"),
+            Err(e) => warn!(pid = pid.as_raw_nonzero().get(), error = %e, "shell: wait failed"),
+        }
+    });
+}
+
 fn reap_in_background(mut process: tokio::process::Child, pid: Pid) {
     tokio::spawn(async move {
         match process.wait().await {

@@ -101,6 +101,27 @@ def setpriv(uid: int, gid: int) -> tuple[str, ...]:
     return ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups")
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL if `proc` has not exited within `timeout`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
+def trust_key(pub: Path, keys: Path) -> None:
+    """`oxadbd trust-key PUB --keys KEYS`, which must succeed."""
+    cp = subprocess.run([str(resolve_oxadbd()), "trust-key", str(pub), "--keys", str(keys)],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+                        env=clean_env())
+    out = cp.stdout.decode("utf-8", "replace")
+    assert cp.returncode == 0 and "trusted" in out, out
+
+
 class Daemon:
     """One oxadbd process on a free loopback port; stderr+stdout go to a file.
 
@@ -212,16 +233,8 @@ class Daemon:
         return self.proc is not None and self.proc.poll() is None
 
     def _stop_proc(self) -> None:
-        p = self.proc
-        if p is None:
-            return
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+        if self.proc is not None:
+            stop_process(self.proc, timeout=5)
 
     def stop(self) -> None:
         self._stop_proc()

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from adbproto import A_AUTH, A_CNXN, A_OPEN, A_VERSION, MAX_PAYLOAD, RawClient, wait_closed
-from harness import AdbServer, clean_env, resolve_oxadbd
+from harness import AdbServer, clean_env, resolve_oxadbd, trust_key
 
 from adb_shell.adb_device import AdbDeviceTcp
 from adb_shell.auth.keygen import keygen
@@ -46,14 +46,6 @@ def auth_daemon(fresh_daemon, tmp_path: Path, *extra: str):
     keys = tmp_path / "etc" / "adb_keys"
     d = fresh_daemon(name="auth", args=("--auth", "--keys", str(keys), *extra))
     return d, keys
-
-
-def trust(pub: Path, keys: Path) -> None:
-    cp = subprocess.run([str(resolve_oxadbd()), "trust-key", str(pub), "--keys", str(keys)],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
-                        env=clean_env())
-    out = cp.stdout.decode("utf-8", "replace")
-    assert cp.returncode == 0 and "trusted" in out, out
 
 
 def make_signer(tmp_path: Path, name: str) -> tuple[PythonRSASigner, Path]:
@@ -76,7 +68,7 @@ def test_adb29_is_unauthorized_until_its_key_is_trusted(adb_bin, fresh_daemon, t
             "the daemon did not log the refused key"
         pub = srv.home / ".android" / "adbkey.pub"
         assert pub.exists(), "adb made no key in its fresh HOME"
-        trust(pub, keys)
+        trust_key(pub, keys)
         srv.disconnect(d.serial)
         srv.connect(d.serial)
         r = srv.run("shell", "echo authorized; exit 3", serial=d.serial, timeout=20)
@@ -96,7 +88,7 @@ def test_adb_shell_is_refused_until_its_key_is_trusted(fresh_daemon, tmp_path):
         assert not refused.available
     finally:
         refused.close()
-    trust(pub, keys)
+    trust_key(pub, keys)
     dev = AdbDeviceTcp("127.0.0.1", d.port, default_transport_timeout_s=10.0)
     try:
         assert dev.connect(rsa_keys=[signer], auth_timeout_s=10.0) is True
@@ -118,7 +110,7 @@ def test_oxadb_is_unauthorized_until_its_key_is_trusted(fresh_daemon, tmp_path):
     home.mkdir()
     rc, out, err = run_oxadb(home, d.serial, "get-state")
     assert rc != 0 and "unauthorized" in err, (rc, out, err)
-    trust(home / ".android" / "adbkey.pub", keys)
+    trust_key(home / ".android" / "adbkey.pub", keys)
     rc, out, err = run_oxadb(home, d.serial, "shell", "echo via oxadb")
     assert (rc, out) == (0, "via oxadb\n"), err
 
@@ -134,7 +126,7 @@ def test_oxadb_keygen_makes_a_key_the_daemon_can_trust(fresh_daemon, tmp_path):
     again = subprocess.run([str(oxadb_bin()), "keygen", str(key)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=60, env=clean_env())
     assert again.returncode != 0 and str(key) in again.stdout.decode(), "overwrote a key"
-    trust(Path(str(key) + ".pub"), keys)
+    trust_key(Path(str(key) + ".pub"), keys)
     # The generated key is a real adb key: adb-shell signs with it.
     signer = PythonRSASigner.FromRSAKeyPath(str(key))
     dev = AdbDeviceTcp("127.0.0.1", d.port, default_transport_timeout_s=10.0)
@@ -170,7 +162,7 @@ def test_wrong_replayed_and_untrusted_signatures_are_refused(fresh_daemon, tmp_p
     d, keys = auth_daemon(fresh_daemon, tmp_path)
     trusted, trusted_pub = make_signer(tmp_path, "trusted")
     stranger, _ = make_signer(tmp_path, "stranger")
-    trust(trusted_pub, keys)
+    trust_key(trusted_pub, keys)
 
     c, t1 = challenge(d.port)
     # A key not in the file.

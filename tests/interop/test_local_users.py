@@ -48,7 +48,8 @@ import pytest
 
 from adbproto import (A_AUTH, A_CNXN, A_OPEN, A_VERSION, MAX_PAYLOAD, RawClient, packet,
                       wait_closed)
-from harness import AdbServer, clean_env, free_port, resolve_oxadbd, setpriv
+from harness import (AdbServer, clean_env, free_port, resolve_oxadbd, setpriv, stop_process,
+                     trust_key)
 
 AUTH_TOKEN = 1
 
@@ -237,14 +238,6 @@ def assert_device(srv: AdbServer, d, want_uid: int) -> None:
     srv.disconnect(d.serial)
 
 
-def trust(pub: Path, keys: Path) -> None:
-    cp = subprocess.run([str(resolve_oxadbd()), "trust-key", str(pub), "--keys", str(keys)],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
-                        env=clean_env())
-    out = cp.stdout.decode("utf-8", "replace")
-    assert cp.returncode == 0 and "trusted" in out, out
-
-
 # --- tests --------------------------------------------------------------------
 
 def test_an_unprivileged_users_adb_is_unauthorized_and_roots_is_not(
@@ -345,7 +338,7 @@ def test_a_key_trusted_with_trust_key_lets_the_user_in(
         assert_unauthorized_adb(srv, d, user[0])
         pub = srv.home / ".android" / "adbkey.pub"
         assert pub.exists(), "adb made no key in the user's HOME"
-        trust(pub, keys)
+        trust_key(pub, keys)
         srv.disconnect(d.serial)
         srv.connect(d.serial)
         r = srv.run("shell", "echo with-a-key; id -u", serial=d.serial, timeout=20)
@@ -368,14 +361,21 @@ def test_ipv6_and_mapped_loopback_behave_the_same(
     assert_root_raw_gets_in(d)
 
 
-def test_keys_with_no_auth_is_refused_in_one_line(tmp_path):
-    cp = subprocess.run([str(resolve_oxadbd()), "--listen", "127.0.0.1:0", "--no-auth",
-                         "--keys", str(tmp_path / "adb_keys")],
+def refused_start(tmp_path, *args: str) -> list[str]:
+    """Starts oxadbd with `args`, which must make it exit with status 1;
+    returns its stderr lines."""
+    cp = subprocess.run([str(resolve_oxadbd()), *args],
                         stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
                         env=clean_env(), cwd=str(tmp_path))
     err = cp.stderr.decode("utf-8", "replace")
     assert cp.returncode == 1, (cp.returncode, err)
-    assert err.splitlines() == [
+    return err.splitlines()
+
+
+def test_keys_with_no_auth_is_refused_in_one_line(tmp_path):
+    err = refused_start(tmp_path, "--listen", "127.0.0.1:0", "--no-auth",
+                        "--keys", str(tmp_path / "adb_keys"))
+    assert err == [
         "oxadbd: error: --keys cannot be used with --no-auth: no host is asked for a key, "
         "so the keys file is never read; drop one of them"], err
 
@@ -385,13 +385,9 @@ def test_a_port_in_use_ends_the_daemon_with_one_line_and_status_1(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cp = subprocess.run([str(resolve_oxadbd()), "--listen", f"127.0.0.1:{port}",
-                             "--keys", str(tmp_path / "adb_keys")],
-                            stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
-                            env=clean_env(), cwd=str(tmp_path))
-    err = cp.stderr.decode("utf-8", "replace")
-    assert cp.returncode == 1, (cp.returncode, err)
-    assert err.splitlines() == [
+        err = refused_start(tmp_path, "--listen", f"127.0.0.1:{port}",
+                            "--keys", str(tmp_path / "adb_keys"))
+    assert err == [
         f"oxadbd: error: listening on 127.0.0.1:{port}: Address already in use (os error 98)"
     ], err
 
@@ -403,15 +399,6 @@ def _start_logging_to(stderr, tmp_path: Path, port: int) -> subprocess.Popen:
                              "--keys", str(tmp_path / "adb_keys")],
                             stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
                             env=env, cwd=str(tmp_path))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def test_a_log_file_has_no_colour_codes_and_a_terminal_does(tmp_path):
@@ -433,7 +420,7 @@ def test_a_log_file_has_no_colour_codes_and_a_terminal_does(tmp_path):
             assert time.monotonic() < deadline, log.read_bytes()
             time.sleep(0.05)
     finally:
-        _stop(proc)
+        stop_process(proc)
     text = log.read_bytes()
     assert b"connection accepted" in text and b"\x1b" not in text, text[:2000]
 
@@ -453,7 +440,7 @@ def test_a_log_file_has_no_colour_codes_and_a_terminal_does(tmp_path):
                 if ready:
                     seen += os.read(master, 65536)
         finally:
-            _stop(proc)
+            stop_process(proc)
         assert b"\x1b[" in seen, seen
     finally:
         os.close(master)

@@ -307,18 +307,9 @@ fn raw_tcp(size: u64) -> Result<Duration> {
 /// What a push into a device node does at the least, over raw TCP: the
 /// source file read 1 MiB at a time and sent, the receiver discarding it.
 fn raw_tcp_file_send(source: &Path) -> Result<Duration> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let start = Instant::now();
-    let receiver = std::thread::spawn(move || receive_all(&listener, |_| Ok(())));
-    let size = send_file(source, addr)?;
-    let received = receiver.join().expect("receiver thread")?;
-    let elapsed = start.elapsed();
-    ensure!(
-        received == size,
-        "raw TCP from the file moved {received} of {size} bytes"
-    );
-    Ok(elapsed)
+    send_file_timed(source, "raw TCP from the file", |listener| {
+        receive_all(&listener, |_| Ok(()))
+    })
 }
 
 /// What a pull does at the least, over raw TCP: one thread reads the source
@@ -326,21 +317,29 @@ fn raw_tcp_file_send(source: &Path) -> Result<Duration> {
 /// destination (1 MiB at a time, four copies and a page allocation per 4 KiB
 /// on tmpfs, no protocol).
 fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
     let dest = dest.to_path_buf();
-    let start = Instant::now();
-    let receiver = std::thread::spawn(move || -> Result<u64> {
+    send_file_timed(source, "raw TCP file copy", move |listener| {
         let mut out = File::create(&dest)?;
         receive_all(&listener, |data| Ok(out.write_all(data)?))
-    });
+    })
+}
+
+/// Times `source` sent over a loopback connection to `receive` (run on a
+/// thread of its own with the listener; returns the bytes it got), and checks
+/// that every byte arrived.
+fn send_file_timed(
+    source: &Path,
+    what: &str,
+    receive: impl FnOnce(TcpListener) -> Result<u64> + Send + 'static,
+) -> Result<Duration> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let start = Instant::now();
+    let receiver = std::thread::spawn(move || receive(listener));
     let size = send_file(source, addr)?;
     let received = receiver.join().expect("receiver thread")?;
     let elapsed = start.elapsed();
-    ensure!(
-        received == size,
-        "raw TCP file copy moved {received} of {size} bytes"
-    );
+    ensure!(received == size, "{what} moved {received} of {size} bytes");
     Ok(elapsed)
 }
 

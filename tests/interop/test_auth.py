@@ -27,19 +27,13 @@ from pathlib import Path
 import pytest
 
 from adbproto import A_AUTH, A_CNXN, A_OPEN, A_VERSION, MAX_PAYLOAD, RawClient, wait_closed
-from harness import AdbServer, clean_env, resolve_oxadbd, trust_key
+from harness import AdbServer, clean_env, resolve_oxadb, resolve_oxadbd, trust_key
 
 from adb_shell.adb_device import AdbDeviceTcp
 from adb_shell.auth.keygen import keygen
 from adb_shell.auth.sign_pythonrsa import PythonRSASigner
 
 AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3
-
-
-def oxadb_bin() -> Path:
-    exe = resolve_oxadbd().parent / "oxadb"
-    assert exe.exists(), f"oxadb not found at {exe}; build it with `cargo build --release`"
-    return exe
 
 
 def auth_daemon(fresh_daemon, tmp_path: Path, *extra: str):
@@ -98,7 +92,7 @@ def test_adb_shell_is_refused_until_its_key_is_trusted(fresh_daemon, tmp_path):
 
 
 def run_oxadb(home: Path, serial: str, *args: str, timeout: float = 60.0):
-    cp = subprocess.run([str(oxadb_bin()), "-s", serial, *args], stdout=subprocess.PIPE,
+    cp = subprocess.run([str(resolve_oxadb()), "-s", serial, *args], stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, timeout=timeout, env=clean_env(HOME=str(home)))
     return cp.returncode, cp.stdout.decode("utf-8", "replace"), cp.stderr.decode(
         "utf-8", "replace")
@@ -119,11 +113,11 @@ def test_oxadb_keygen_makes_a_key_the_daemon_can_trust(fresh_daemon, tmp_path):
     d, keys = auth_daemon(fresh_daemon, tmp_path)
     key = tmp_path / "made" / "adbkey"
     key.parent.mkdir()
-    cp = subprocess.run([str(oxadb_bin()), "keygen", str(key)], stdout=subprocess.PIPE,
+    cp = subprocess.run([str(resolve_oxadb()), "keygen", str(key)], stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, timeout=60, env=clean_env())
     assert cp.returncode == 0, cp.stdout
     assert (key.stat().st_mode & 0o777) == 0o600
-    again = subprocess.run([str(oxadb_bin()), "keygen", str(key)], stdout=subprocess.PIPE,
+    again = subprocess.run([str(resolve_oxadb()), "keygen", str(key)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=60, env=clean_env())
     assert again.returncode != 0 and str(key) in again.stdout.decode(), "overwrote a key"
     trust_key(Path(str(key) + ".pub"), keys)

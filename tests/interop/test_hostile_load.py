@@ -99,7 +99,7 @@ import pytest
 
 from adbproto import (A_CLSE, A_CNXN, A_OKAY, A_OPEN, A_VERSION, A_WRTE, HEADER, MAX_PAYLOAD,
                       ProtocolError, RawClient, header, packet, wait_closed)
-from harness import clean_env, resolve_oxadbd
+from harness import clean_env, resolve_oxadb
 
 SEED = int(os.environ.get("HOSTILE_LOAD_SEED", "5005"))
 
@@ -224,14 +224,8 @@ class Sampler(threading.Thread):
 
 # --- the well-behaved client ----------------------------------------------------
 
-def oxadb_bin() -> Path:
-    exe = resolve_oxadbd().parent / "oxadb"
-    assert exe.exists(), f"oxadb not found at {exe}; build it with `cargo build --release`"
-    return exe
-
-
 def oxadb_shell(port: int, cmd: str, timeout: float = PROBE_DEADLINE) -> str:
-    cp = subprocess.run([str(oxadb_bin()), "-s", f"127.0.0.1:{port}", "shell", cmd],
+    cp = subprocess.run([str(resolve_oxadb()), "-s", f"127.0.0.1:{port}", "shell", cmd],
                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, timeout=timeout, env=clean_env())
     if cp.returncode != 0:

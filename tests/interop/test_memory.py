@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import clean_env, resolve_oxadbd, sha256_file, write_random
+from harness import clean_env, resolve_oxadb, sha256_file, write_random
 
 MIB = 1 << 20
 IDLE_BOUND = 16 * MIB
@@ -57,9 +57,7 @@ def vm_rss(pid: int) -> int:
 
 
 def oxadb(home: Path, port: int, *args: str, stdin=subprocess.DEVNULL, timeout: float = 60):
-    exe = resolve_oxadbd().parent / "oxadb"
-    assert exe.exists(), f"oxadb not found at {exe}; build it with `cargo build --release`"
-    cp = subprocess.run([str(exe), "-s", f"127.0.0.1:{port}", *args], stdin=stdin,
+    cp = subprocess.run([str(resolve_oxadb()), "-s", f"127.0.0.1:{port}", *args], stdin=stdin,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                         env=clean_env(HOME=str(home)))
     assert cp.returncode == 0, f"oxadb {args}: rc={cp.returncode} stderr={cp.stderr[-500:]!r}"

@@ -283,6 +283,11 @@ pub struct ShellRequest {
     pub term: Option<String>,
     /// Empty for an interactive login shell.
     pub command: String,
+    /// The host ends the child's input by closing the stream: `exec:` (`adb
+    /// exec-in CMD < FILE`). A `shell:` client never does (adb's
+    /// `stdin_read_thread_loop` leaves a v1 stream open at stdin EOF), so
+    /// there a close means the host hung up.
+    pub close_ends_input: bool,
 }
 
 /// AOSP's `$TERM` for `shell` when the host sends no (or an empty) `TERM=`.
@@ -304,6 +309,7 @@ impl ShellRequest {
                 mode: ShellMode::Raw,
                 term: None,
                 command: command.to_owned(),
+                close_ends_input: true,
             });
         }
         let rest = service
@@ -338,6 +344,7 @@ impl ShellRequest {
             // adbd only overrides $TERM with a non-empty value.
             term: (!term.is_empty()).then_some(term),
             command: command.to_owned(),
+            close_ends_input: false,
         })
     }
 }
@@ -516,6 +523,14 @@ mod tests {
             mode: m,
             term: term.map(str::to_owned),
             command: cmd.to_owned(),
+            close_ends_input: false,
+        }
+    }
+
+    fn exec(cmd: &str) -> ShellRequest {
+        ShellRequest {
+            close_ends_input: true,
+            ..req(ShellProtocol::V1, ShellMode::Raw, None, cmd)
         }
     }
 
@@ -544,9 +559,9 @@ mod tests {
             ("shell,,future-arg,v2:x", req(V2, Raw, Some("dumb"), "x")),
             ("shell,TERM=:x", req(V1, Raw, None, "x")),
             ("shell:ls\0", req(V1, Raw, Some("dumb"), "ls")),
-            ("exec:cat", req(V1, Raw, None, "cat")),
-            ("exec:", req(V1, Raw, None, "")),
-            ("exec:a,b:c", req(V1, Raw, None, "a,b:c")),
+            ("exec:cat", exec("cat")),
+            ("exec:", exec("")),
+            ("exec:a,b:c", exec("a,b:c")),
         ];
         for (name, want) in cases {
             assert_eq!(&ShellRequest::parse(name).unwrap(), want, "{name}");

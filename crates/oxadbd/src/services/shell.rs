@@ -34,9 +34,9 @@ const CHUNK: usize = 64 * 1024;
 /// stream's, so the memory budget does not count it: with 256 KiB, 64 exec
 /// streams into sleeping children held 22 MiB here.
 const READ_AHEAD: usize = CHUNK;
-/// v1 raw (`exec:`) has no close-stdin, so a host that is done sending just
-/// closes the stream (`adb exec-in`). We hand the child what already arrived
-/// plus EOF and wait this long before hanging up.
+/// `exec:` has no close-stdin, so a host that is done sending just closes the
+/// stream (`adb exec-in`). We hand the child what already arrived plus EOF
+/// and wait this long before hanging up.
 const HANGUP_GRACE: Duration = Duration::from_millis(500);
 /// How long a process group may ignore the hang-up (SIGHUP) that ends a
 /// stream the host closed before it gets SIGKILL.
@@ -178,7 +178,7 @@ where
                 pid = pid.as_raw_nonzero().get(),
                 "shell: host closed the stream"
             );
-            if protocol == ShellProtocol::V1 && request.mode == ShellMode::Raw {
+            if request.close_ends_input {
                 let finish = async {
                     input.finish_stdin().await;
                     process.wait().await
@@ -1180,7 +1180,7 @@ mod tests {
             // A background job: same process group, not the shell itself.
             "shell,v2,raw:sleep 100 & echo $!; wait",
             "shell,v2,pty:echo $$; exec sleep 100",
-            // v1 raw: EOF first, then SIGHUP after the grace period.
+            // v1: SIGHUP at once; exec: EOF first, then SIGHUP after the grace period.
             "shell:echo $$; exec sleep 100",
             "exec:sleep 100 & echo $!; wait",
             // The shell is gone, its background job still holds the output.
@@ -1220,6 +1220,33 @@ mod tests {
             tokio::time::timeout(T, h).await.unwrap().unwrap().unwrap();
             wait_dead(pid).await;
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn v1_shell_hang_up_reaches_a_shell_waiting_on_stdin() {
+        // adb's v1 client never closes the stream to end stdin, so a close is
+        // a hang-up: the trap must run while `read` still waits.
+        let dir = tempfile::tempdir().unwrap();
+        let hup = dir.path().join("hup");
+        let (mut c, h) = start(&format!(
+            "shell:trap 'echo HUP > {}' HUP; echo ready; read x",
+            hup.display()
+        ));
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(T, c.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf[..n], b"ready\n");
+        drop(c);
+        tokio::time::timeout(T, h).await.unwrap().unwrap().unwrap();
+        for _ in 0..100 {
+            if std::fs::read_to_string(&hup).is_ok_and(|s| s == "HUP\n") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the v1 shell's HUP trap did not run");
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -321,9 +321,11 @@ impl Spec {
             let ip = match host {
                 None | Some("localhost" | "127.0.0.1") => Ipv4Addr::LOCALHOST.into(),
                 Some("[::1]" | "::1") => Ipv6Addr::LOCALHOST.into(),
-                Some(other) => return Err(format!(
+                Some(other) => {
+                    return Err(format!(
                     "cannot listen on {other:?} in {spec:?}: reverse listeners bind loopback only"
-                )),
+                ))
+                }
             };
             return Ok(Spec::Tcp { ip, port });
         }

@@ -11,17 +11,14 @@ closed` lines confirm.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from echo import EchoServer, roundtrip
+from echo import EchoServer, concurrent_echo, refused, roundtrip, unix_roundtrip
 from harness import REPO, AdbServer, closed_streams, free_port
 
 ADB34 = Path(os.environ.get("OXADB_ADB34") or REPO / "target" / "peers" / "adb-34" / "adb")
@@ -71,19 +68,6 @@ def echo():
         srv.close()
 
 
-def refused(port: int, timeout: float = 5.0) -> bool:
-    """Whether connecting to 127.0.0.1:port is refused (waits for it a little)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as s:
-            s.settimeout(2)
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
 def reverse(adb, *args: str):
     r = adb("reverse", *args)
     assert r.rc == 0, r
@@ -93,21 +77,6 @@ def reverse(adb, *args: str):
 def listed(adb) -> list[str]:
     r = reverse(adb, "--list")
     return [line for line in r.out.splitlines() if line]
-
-
-def unix_roundtrip(family_address, payload: bytes, timeout: float = 30) -> bytes:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(family_address)
-    with s:
-        s.sendall(payload)
-        got = b""
-        while len(got) < len(payload):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            got += chunk
-    return got
 
 
 def test_tcp_relay_list_rebind_remove(device, echo):
@@ -202,63 +171,6 @@ def test_refused_on_the_host_closes_the_app_socket(device):
     assert got == b""
     r = adb("shell", "echo ok")
     assert r.stdout == b"ok\n", r
-
-
-def sha256_echo(port: int, size: int, seed: int, timeout: float = 120) -> tuple[str, str]:
-    """Sends `size` random bytes through 127.0.0.1:port while reading the
-    echo; returns (sha256 sent, sha256 received)."""
-    sent, got = hashlib.sha256(), hashlib.sha256()
-    block = os.urandom(MIB)
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.settimeout(timeout)
-    errors: list[BaseException] = []
-
-    def writer():
-        try:
-            for i in range(size // MIB):
-                # Each MiB differs: a relay that repeated or dropped one would show.
-                chunk = bytes([seed, i & 0xff]) + block[2:]
-                sent.update(chunk)
-                s.sendall(chunk)
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=writer)
-    t.start()
-    received = 0
-    try:
-        while received < size:
-            chunk = s.recv(1 << 18)
-            if not chunk:
-                break
-            got.update(chunk)
-            received += len(chunk)
-    finally:
-        t.join(timeout)
-        s.close()
-    if errors:
-        raise errors[0]
-    assert received == size, f"connection {seed}: echoed {received} of {size} bytes"
-    return sent.hexdigest(), got.hexdigest()
-
-
-def concurrent_echo(port: int, count: int = 16, size: int = 8 * MIB) -> None:
-    results: list = [None] * count
-
-    def run(i):
-        try:
-            results[i] = sha256_echo(port, size, i)
-        except BaseException as e:
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    for i, result in enumerate(results):
-        assert isinstance(result, tuple), f"connection {i}: {result!r}"
-        assert result[0] == result[1], f"connection {i}: sha256 differs"
 
 
 def test_16_connections_8mib_each(device, peer, echo):

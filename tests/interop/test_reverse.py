@@ -220,3 +220,40 @@ def test_bad_requests(device):
     assert listed(adb) == []
     r = adb("shell", "echo ok")
     assert r.stdout == b"ok\n", r
+
+
+def test_another_connection_neither_lists_nor_removes(adb_server, fresh_daemon, echo,
+                                                      tmp_path):
+    """adb 29 and adb 34 connected to the same daemon at once: two
+    connections, each with its own reverses (adbd's are per transport)."""
+    if not ADB34.exists():
+        pytest.fail(f"Google adb 34 is not installed at {ADB34}")
+    other = AdbServer(str(ADB34), tmp_path / "adb34")
+    other.start()
+    try:
+        d = fresh_daemon()
+        adb_server.connect(d.serial)
+        other.connect(d.serial)
+        srv = echo()
+        a = free_port()
+        r = adb_server.run("reverse", f"tcp:{a}", f"tcp:{srv.port}", serial=d.serial)
+        assert r.rc == 0, r
+        r = other.run("reverse", "--list", serial=d.serial)
+        assert r.rc == 0 and r.out.strip() == "", r
+        r = other.run("reverse", "--remove", f"tcp:{a}", serial=d.serial)
+        assert r.rc != 0 and f"listener 'tcp:{a}' not found" in r.err, r
+        r = other.run("reverse", "--remove-all", serial=d.serial)
+        assert r.rc == 0, r
+        # The same port from the other connection would be a second listener.
+        r = other.run("reverse", f"tcp:{a}", "tcp:1", serial=d.serial)
+        assert r.rc != 0 and "cannot bind listener" in r.err, r
+        assert roundtrip(a, b"untouched") == b"untouched"
+        r = adb_server.run("reverse", "--list", serial=d.serial)
+        assert [l for l in r.out.splitlines() if l] == [f"(reverse) tcp:{a} tcp:{srv.port}"], r
+        # One connection ending leaves the other's listeners alone.
+        other.disconnect(d.serial)
+        assert roundtrip(a, b"still") == b"still"
+        adb_server.disconnect(d.serial)
+        assert refused(a)
+    finally:
+        other.kill()

@@ -8,14 +8,15 @@ use anyhow::{bail, Context};
 use oxadb::{Device, HostEnd};
 
 const AFTER_HELP: &str = "\
-Reverse forwards belong to the connection that made them, as on Android
-(adbd keeps them per transport). oxadb has no background server, so each
+A reverse forward belongs to the connection that made it: the device drops
+it when that connection ends. oxadb has no background server, so every
 oxadb command is a connection of its own: `oxadb reverse REMOTE LOCAL`
-serves until Ctrl-C and its listener goes away when it exits, and
+serves until Ctrl-C and its listener goes away when it exits. On oxadbd,
 `--list`, `--remove` and `--remove-all` act on their own connection's
-reverses only. Run from another oxadb they list nothing and remove nothing
-(`--remove` fails with the device's `listener '...' not found`); to stop a
-running reverse, stop its `oxadb reverse` (Ctrl-C).";
+reverses only, so run from another oxadb they list nothing and remove
+nothing (`--remove` fails with `listener '...' not found`); stop a running
+reverse with Ctrl-C. Android's adbd keeps one list for all connections:
+there they see and remove every connection's reverses.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = AFTER_HELP)]
@@ -29,8 +30,8 @@ pub struct ReverseArgs {
     /// Remove all of this connection's reverse forwards (see below).
     #[arg(long, conflicts_with_all = ["no_rebind", "remote"])]
     remove_all: bool,
-    /// Fail if REMOTE is already reversed on this connection, instead of
-    /// pointing it at LOCAL.
+    /// Fail (`cannot rebind existing socket`) if REMOTE is already
+    /// reversed, instead of pointing it at LOCAL.
     #[arg(long)]
     no_rebind: bool,
     /// Device end, where the device listens: tcp:PORT (its 127.0.0.1; tcp:0

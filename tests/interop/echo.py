@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
@@ -119,4 +120,95 @@ def roundtrip(port: int, payload: bytes, timeout: float = 30.0) -> bytes:
         s.close()
     if err:
         raise err[0]
+    return bytes(got)
+
+
+MIB = 1 << 20
+
+
+def sha256_echo(port: int, size: int, seed: int, timeout: float = 120) -> tuple[str, str]:
+    """Sends `size` random bytes through 127.0.0.1:port while reading the
+    echo; returns (sha256 sent, sha256 received)."""
+    sent, got = hashlib.sha256(), hashlib.sha256()
+    block = os.urandom(MIB)
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.settimeout(timeout)
+    errors: list[BaseException] = []
+
+    def writer():
+        try:
+            for i in range(size // MIB):
+                # Each MiB differs: a relay that repeated or dropped one would show.
+                chunk = bytes([seed, i & 0xff]) + block[2:]
+                sent.update(chunk)
+                s.sendall(chunk)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    received = 0
+    try:
+        while received < size:
+            chunk = s.recv(1 << 18)
+            if not chunk:
+                break
+            got.update(chunk)
+            received += len(chunk)
+    finally:
+        t.join(timeout)
+        s.close()
+    if errors:
+        raise errors[0]
+    assert received == size, f"connection {seed}: echoed {received} of {size} bytes"
+    return sent.hexdigest(), got.hexdigest()
+
+
+def concurrent_echo(port: int, count: int = 16, size: int = 8 * MIB) -> None:
+    results: list = [None] * count
+
+    def run(i):
+        try:
+            results[i] = sha256_echo(port, size, i)
+        except BaseException as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for i, result in enumerate(results):
+        assert isinstance(result, tuple), f"connection {i}: {result!r}"
+        assert result[0] == result[1], f"connection {i}: sha256 differs"
+
+
+def refused(port: int, timeout: float = 5.0) -> bool:
+    """Whether connecting to 127.0.0.1:port is refused (waits for it a little)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            s.settimeout(2)
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def unix_roundtrip(address, payload: bytes, timeout: float = 30) -> bytes:
+    """`roundtrip` through a unix socket (a path, or "\\0NAME" for an abstract one)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(address)
+    writer = threading.Thread(target=s.sendall, args=(payload,), daemon=True)
+    writer.start()
+    got = bytearray()
+    with s:
+        while len(got) < len(payload):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        writer.join(timeout)
     return bytes(got)

@@ -15,6 +15,7 @@ use rand::{RngCore, SeedableRng};
 
 mod emulated;
 mod emulator;
+mod forward_loopback;
 mod memory;
 mod receive_paths;
 mod simulate;
@@ -95,6 +96,10 @@ enum Bench {
     /// userspace forwarder (rate, round trip, tail-drop queue). Needs root,
     /// iproute2, iperf3 and adb.
     Emulated(emulated::EmulatedArgs),
+    /// One transfer of random data through `oxadb forward` and through
+    /// `oxadb reverse` against oxadbd on loopback, both directions, with
+    /// the ratio reverse / forward from the same run.
+    ForwardLoopback(forward_loopback::ForwardLoopbackArgs),
 }
 
 #[derive(Parser)]
@@ -166,6 +171,7 @@ fn main() -> Result<()> {
         ),
         Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
         Bench::Emulated(args) => emulated::emulated(args),
+        Bench::ForwardLoopback(args) => forward_loopback::forward_loopback(args),
     }
 }
 

@@ -274,6 +274,90 @@ fn refused_open_reaches_the_opener() {
     assert!(pair.host.write(host_id, b"x").is_err());
 }
 
+/// `adb reverse`: the device opens streams to the host (service = the
+/// host-side spec), beside streams the host opened, with the same credit.
+#[test]
+fn the_device_opens_streams_to_the_host() {
+    for delayed_ack in [false, true] {
+        let mut pair = Pair::new(
+            config(Role::Host, delayed_ack),
+            config(Role::Device, delayed_ack),
+        );
+        let (host_shell, device_shell) = pair.open("shell:");
+        let device_id = pair.device.open("tcp:8080").unwrap();
+        pair.drive();
+        let open = pair.to_host.last().unwrap();
+        assert_eq!(open.command, Command::Open);
+        assert_eq!(open.payload.as_ref(), b"tcp:8080\0");
+        assert_eq!(
+            open.arg1 != 0,
+            delayed_ack,
+            "OPEN.arg1 carries credit only in burst mode"
+        );
+        let Some(Event::OpenRequest {
+            id: host_id,
+            service,
+        }) = pair.host.poll_event()
+        else {
+            panic!("the host saw no OpenRequest");
+        };
+        assert_eq!(service, "tcp:8080");
+        pair.host.accept(host_id).unwrap();
+        pair.drive();
+        assert_eq!(pair.device.poll_event(), Some(Event::Opened(device_id)));
+
+        // Both ways, more than one window's worth, then the same on the
+        // host-opened stream to show the two id spaces do not collide.
+        let data = pattern(3 << 20);
+        for (from_device, id_from, id_to) in [
+            (true, device_id, host_id),
+            (false, host_id, device_id),
+            (false, host_shell, device_shell),
+        ] {
+            let mut written = 0;
+            let mut received = Vec::new();
+            let mut rounds = 0;
+            while received.len() < data.len() {
+                rounds += 1;
+                assert!(rounds < 10_000, "stalled (delayed_ack {delayed_ack})");
+                let sender = if from_device {
+                    &mut pair.device
+                } else {
+                    &mut pair.host
+                };
+                written += sender.write(id_from, &data[written..]).unwrap();
+                pair.drive();
+                let receiver = if from_device {
+                    &mut pair.host
+                } else {
+                    &mut pair.device
+                };
+                received.extend(read_all(receiver, id_to));
+                pair.drive();
+            }
+            assert_eq!(received, data);
+        }
+        let stats = pair.device.stream_stats(device_id).unwrap();
+        assert_eq!(stats.delayed_ack, delayed_ack);
+        assert_eq!(stats.bytes_sent, 3 << 20);
+        assert_eq!(stats.bytes_received, 3 << 20);
+
+        // The host refusing (nothing listens there) reaches the device.
+        let refused = pair.device.open("tcp:1").unwrap();
+        pair.drive();
+        let id = std::iter::from_fn(|| pair.host.poll_event())
+            .find_map(|event| match event {
+                Event::OpenRequest { id, .. } => Some(id),
+                _ => None,
+            })
+            .expect("no second OpenRequest");
+        pair.host.refuse(id).unwrap();
+        pair.drive();
+        assert!(std::iter::from_fn(|| pair.device.poll_event())
+            .any(|event| event == Event::Refused(refused)));
+    }
+}
+
 #[test]
 fn peer_close_keeps_buffered_data_then_eof() {
     let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));

@@ -241,7 +241,7 @@ impl Connection {
                 Some(true) => Poll::Ready(Ok(())),
                 Some(false) => Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::ConnectionRefused,
-                    format!("device refused to open service {service:?}"),
+                    format!("the peer refused to open service {service:?}"),
                 ))),
                 None => match closed {
                     Some(error) => Poll::Ready(Err(io::Error::new(

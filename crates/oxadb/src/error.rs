@@ -20,6 +20,9 @@ pub enum Error {
     ConnectionLost { addr: String, reason: String },
     #[error("{addr}: device refused service {service:?}")]
     ServiceRefused { addr: String, service: String },
+    /// The device answered a `reverse:` request with FAIL: its message (adb's words).
+    #[error("{request}: {message}")]
+    Reverse { request: String, message: String },
     #[error("host keys: {0}")]
     Keys(#[from] oxadb_auth::KeyError),
     #[error("{context}: {source}")]

@@ -17,6 +17,7 @@
 //! ```
 pub mod device;
 pub mod error;
+pub mod reverse;
 pub mod shell;
 pub mod sync;
 pub mod target;
@@ -25,7 +26,8 @@ pub mod usb;
 pub use device::{resolve, ConnectOptions, CreditMode, Device, DeviceState};
 pub use error::{Error, Result};
 pub use oxadb_engine::{BudgetLimits, MemoryBudget};
-pub use oxadb_io::{AdbStream, StreamStats};
+pub use oxadb_io::{AdbStream, Incoming, StreamStats};
+pub use reverse::{HostEnd, ReverseEntry};
 pub use shell::ShellOutput;
 pub use target::Target;
 pub use usb::UsbDeviceInfo;

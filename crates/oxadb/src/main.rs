@@ -73,6 +73,10 @@ enum Command {
     Pull(cli::transfer::PullArgs),
     /// Forward a local socket to a socket on the device; runs until Ctrl-C.
     Forward(cli::forward::ForwardArgs),
+    /// Make the device listen on REMOTE and relay its connections to LOCAL
+    /// here; runs until Ctrl-C (--list/--remove/--remove-all: this
+    /// connection's only, see `oxadb reverse --help`).
+    Reverse(cli::reverse::ReverseArgs),
     /// Connect and report success (`connected to HOST:PORT`).
     Connect,
     /// List the features the device advertises, and whether burst mode is in use.
@@ -229,6 +233,7 @@ async fn run(args: Args) -> anyhow::Result<i32> {
             0
         }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,
+        Command::Reverse(reverse) => cli::reverse::reverse(&device, reverse).await?,
         Command::Connect => {
             println!("connected to {}", device.serial());
             0

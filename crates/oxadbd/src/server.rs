@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::auth::KeyAuthenticator;
 use crate::config::{DaemonConfig, Keyless};
 use crate::peer_owner::{self, Owner};
-use crate::services::{forward, shell, sync};
+use crate::services::{forward, reverse, shell, sync};
 
 /// What every connection of the daemon shares, whatever its transport.
 pub struct Daemon {
@@ -318,17 +318,27 @@ async fn dispatch(connection: Connection, config: Arc<DaemonConfig>, transport: 
         return;
     }
     let refusals = Arc::new(Refusals::default());
+    // Reverse listeners live as long as this connection (adbd removes a
+    // transport's listeners when it disconnects, `adb_listeners.cpp`).
+    let reverses = reverse::Reverses::new(connection.clone());
     while let Some(incoming) = connection.next_incoming().await {
         let config = config.clone();
         let refusals = refusals.clone();
+        let reverses = reverses.clone();
         let span =
             tracing::info_span!("stream", id = incoming.id().0, service = %incoming.service());
-        tokio::spawn(open_service(incoming, config, refusals).instrument(span));
+        tokio::spawn(open_service(incoming, config, refusals, reverses).instrument(span));
     }
+    reverses.close().await;
 }
 
 /// Answers one OPEN: starts the service or refuses the stream.
-async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>, refusals: Arc<Refusals>) {
+async fn open_service(
+    incoming: Incoming,
+    config: Arc<DaemonConfig>,
+    refusals: Arc<Refusals>,
+    reverses: Arc<reverse::Reverses>,
+) {
     let service = incoming.service().to_string();
     tracing::debug!("open");
     if service.starts_with("shell") || service.starts_with("exec:") {
@@ -351,6 +361,10 @@ async fn open_service(incoming: Incoming, config: Arc<DaemonConfig>, refusals: A
         let stream = incoming.accept();
         if let Err(error) = sync::serve(stream).await {
             tracing::warn!(%error, "sync service failed");
+        }
+    } else if let Some(command) = service.strip_prefix("reverse:") {
+        if let Err(error) = reverses.serve(incoming.accept(), command).await {
+            tracing::debug!(%error, "reverse: could not send the reply");
         }
     } else if let Some(target) = forward::Target::parse(&service) {
         let target = match target {

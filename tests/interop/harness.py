@@ -81,8 +81,9 @@ def resolve_oxadbd() -> Path:
 
 
 def resolve_oxadb() -> Path:
-    """The host CLI built beside the daemon under test; missing is a failure."""
-    exe = resolve_oxadbd().parent / "oxadb"
+    """The host CLI: $OXADB, else the one built beside the daemon under test;
+    missing is a failure."""
+    exe = Path(os.environ["OXADB"]) if os.environ.get("OXADB") else resolve_oxadbd().parent / "oxadb"
     assert exe.exists(), f"oxadb not found at {exe}; build it with `cargo build --release`"
     return exe
 

@@ -15,20 +15,13 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from echo import EchoServer, concurrent_echo, refused, roundtrip, unix_roundtrip
-from harness import closed_streams, free_port, resolve_oxadbd, stop_process
+from harness import closed_streams, free_port, resolve_oxadb, stop_process
 
 MIB = 1 << 20
-
-
-def oxadb_bin() -> Path:
-    exe = Path(os.environ["OXADB"]) if os.environ.get("OXADB") else resolve_oxadbd().parent / "oxadb"
-    assert exe.exists(), f"oxadb not found at {exe}; build it with `cargo build --release`"
-    return exe
 
 
 @pytest.fixture
@@ -44,12 +37,12 @@ def oxadb(tmp_path):
 
     class Oxadb:
         def __call__(self, serial: str, *args: str, timeout: float = 60):
-            return subprocess.run([str(oxadb_bin()), "-s", serial, *args],
+            return subprocess.run([str(resolve_oxadb()), "-s", serial, *args],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, env=env, timeout=timeout, text=True)
 
         def serve(self, serial: str, *args: str) -> subprocess.Popen:
-            proc = subprocess.Popen([str(oxadb_bin()), "-s", serial, "reverse", *args],
+            proc = subprocess.Popen([str(resolve_oxadb()), "-s", serial, "reverse", *args],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=env, text=True)
             running.append(proc)

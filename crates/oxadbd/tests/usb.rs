@@ -36,6 +36,7 @@ fn daemon_config(require_auth: bool) -> DaemonConfig {
             &FileConfig::default(),
         )
         .unwrap(),
+        device: Default::default(),
     }
 }
 

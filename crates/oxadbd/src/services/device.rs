@@ -10,7 +10,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 /// How long after the stream's end the reboot command runs: the host's
 /// adb sees the stream close and returns first, as with an Android device
 /// that goes down after answering.
-const REBOOT_DELAY: Duration = Duration::from_millis(500);
+const REBOOT_DELAY: Duration = Duration::from_secs(1);
 
 /// What `root:`, `unroot:`, `remount:`, `enable-verity:` or
 /// `disable-verity:` answer; `None` for other services. A daemon running as

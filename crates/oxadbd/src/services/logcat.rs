@@ -152,7 +152,7 @@ pub fn plan(invocation: &Invocation, source: &Source) -> Result<String, Answer> 
         if let Some(tags) = &invocation.log_tags {
             for spec in tags
                 .split_whitespace()
-                .filter(|s| s.trim_matches('\'') != "")
+                .filter(|s| !s.trim_matches('\'').is_empty())
             {
                 filters.push(filter(spec).map_err(refuse)?);
             }

@@ -281,3 +281,22 @@ def test_tcpip_refused_by_the_config(srv, device):
     assert refused(port) and not refused(d.port)
     r = srv.run("shell", "echo", "unmoved", serial=d.serial)
     assert (r.rc, r.out) == (0, "unmoved\n"), r
+
+
+def test_real_logcat_and_getprop_on_the_path_run_instead(adb_server, fresh_daemon, tmp_path):
+    """On an Android-like system the device's own programs answer."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("logcat", "getprop"):
+        program = bindir / name
+        program.write_text(f'#!/bin/sh\necho "real {name}: $*"\n')
+        program.chmod(0o755)
+    d = fresh_daemon(env={"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"})
+    adb_server.connect(d.serial)
+    try:
+        r = adb_server.run("logcat", "-d", serial=d.serial)
+        assert (r.rc, r.out) == (0, "real logcat: -d\n"), r
+        r = adb_server.run("shell", "getprop", "ro.product.model", serial=d.serial)
+        assert (r.rc, r.out) == (0, "real getprop: ro.product.model\n"), r
+    finally:
+        adb_server.disconnect(d.serial)

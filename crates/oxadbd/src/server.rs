@@ -410,6 +410,7 @@ async fn open_service(incoming: Incoming, daemon: Arc<Daemon>, refusals: Arc<Ref
                 request.command = line;
             }
             Route::Answer(answer) => {
+                tracing::debug!(status = answer.status, "answered by oxadbd itself");
                 let stream = incoming.accept();
                 shell::answer(
                     stream,

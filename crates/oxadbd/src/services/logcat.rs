@@ -147,12 +147,14 @@ pub fn plan(invocation: &Invocation, source: &Source) -> Result<String, Answer> 
         }
     }
     if filters.is_empty() {
-        // Android's logcat falls back to $ANDROID_LOG_TAGS; adb 29 exports
-        // a quoted empty value (`"''"`) when the host has none.
+        // Android's logcat falls back to $ANDROID_LOG_TAGS. adb 29 wraps
+        // the single-quoted value in double quotes, so its quotes arrive
+        // as part of the value (`''` when the host has none).
         if let Some(tags) = &invocation.log_tags {
             for spec in tags
                 .split_whitespace()
-                .filter(|s| !s.trim_matches('\'').is_empty())
+                .map(|s| s.trim_matches('\''))
+                .filter(|s| !s.is_empty())
             {
                 filters.push(filter(spec).map_err(refuse)?);
             }
@@ -364,6 +366,19 @@ mod tests {
             plan(&logcat(&["-s"]), &file).unwrap(),
             "exec sleep 2147483647"
         );
+    }
+
+    #[test]
+    fn android_log_tags_apply_without_filters_on_the_command_line() {
+        let mut adb29 = logcat(&["-d"]);
+        adb29.log_tags = Some("'*:W'".into());
+        assert_eq!(
+            plan(&adb29, &Source::Kernel).unwrap(),
+            "exec dmesg --level emerg,alert,crit,err,warn"
+        );
+        let mut adb34 = logcat(&["-d", "*:V"]);
+        adb34.log_tags = Some("*:W".into());
+        assert_eq!(plan(&adb34, &Source::Kernel).unwrap(), "exec dmesg");
     }
 
     #[test]

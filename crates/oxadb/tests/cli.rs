@@ -32,6 +32,7 @@ fn start_daemon(delayed_ack: bool) -> SocketAddr {
                 memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
                 ack_headroom: true,
                 access: oxadbd::config::Access::defaults(addr).unwrap(),
+                device: Default::default(),
             };
             oxadbd::server::serve(listener, config).await.unwrap();
         });

@@ -22,6 +22,7 @@ async fn daemon() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
         memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
         ack_headroom: true,
         access: oxadbd::config::Access::defaults(listen).unwrap(),
+        device: Default::default(),
     };
     (
         listen.to_string(),

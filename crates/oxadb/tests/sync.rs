@@ -87,6 +87,7 @@ async fn connect(mode: Mode) -> Setup {
         },
         ack_headroom: mode != Mode::BurstTinyBudget,
         access: oxadbd::config::Access::defaults(listen).unwrap(),
+        device: Default::default(),
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let options = ConnectOptions {

@@ -93,6 +93,15 @@ pub struct FileConfig {
     pub usb_gadget: Option<PathBuf>,
     /// The UDC to bind it to (default: the first in /sys/class/udc).
     pub usb_udc: Option<String>,
+    /// What `adb reboot` runs (split on blanks; the target is appended);
+    /// empty turns rebooting off.
+    pub reboot_command: Option<String>,
+    /// Whether hosts may move the TCP listener (`adb tcpip PORT`, `adb usb`).
+    pub allow_tcpip: Option<bool>,
+    /// `[properties]`: what `getprop` answers, over the computed ones.
+    /// Dotted names may be quoted or not (`ro.a = "1"` is the table
+    /// `ro` in TOML; it is flattened back to `ro.a`).
+    pub properties: Option<toml::Table>,
     /// Where this was read from, for error messages.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -173,6 +182,48 @@ pub struct DaemonConfig {
     pub ack_headroom: bool,
     /// Host authentication and resource limits.
     pub access: Access,
+    /// `getprop`, `reboot:` and `tcpip:` settings.
+    pub device: DeviceSettings,
+}
+
+/// How the daemon answers Android's device services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSettings {
+    /// The config file's `[properties]`, over the computed ones.
+    pub properties: std::collections::BTreeMap<String, String>,
+    /// `reboot-command`; `None`: `systemctl reboot` under systemd, else `reboot`.
+    pub reboot_command: Option<String>,
+    /// Hosts may move the TCP listener to another port (never another address).
+    pub allow_tcpip: bool,
+}
+
+impl Default for DeviceSettings {
+    fn default() -> Self {
+        DeviceSettings {
+            properties: Default::default(),
+            reboot_command: None,
+            allow_tcpip: true,
+        }
+    }
+}
+
+impl DeviceSettings {
+    /// `--reboot-command` and `--no-tcpip` over the file.
+    pub fn resolve(reboot_command: Option<String>, no_tcpip: bool, file: &FileConfig) -> Self {
+        DeviceSettings {
+            properties: file
+                .properties
+                .as_ref()
+                .map(|table| {
+                    let mut flat = std::collections::BTreeMap::new();
+                    flatten_properties("", table, &mut flat);
+                    flat
+                })
+                .unwrap_or_default(),
+            reboot_command: reboot_command.or_else(|| file.reboot_command.clone()),
+            allow_tcpip: !no_tcpip && file.allow_tcpip != Some(false),
+        }
+    }
 }
 
 /// The USB transport: a FunctionFS instance, and optionally the configfs
@@ -516,6 +567,31 @@ impl DaemonConfig {
     pub fn max_payload(&self) -> u32 {
         self.memory_budget
             .packet_size(self.access.max_connections, oxadb_wire::MAX_PAYLOAD)
+    }
+}
+
+/// `[properties]` as `name = value` pairs: nested tables (unquoted dotted
+/// keys) joined with `.`, numbers and booleans written as getprop shows them.
+fn flatten_properties(
+    prefix: &str,
+    table: &toml::Table,
+    out: &mut std::collections::BTreeMap<String, String>,
+) {
+    for (key, value) in table {
+        let name = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match value {
+            toml::Value::Table(inner) => flatten_properties(&name, inner, out),
+            toml::Value::String(text) => {
+                out.insert(name, text.clone());
+            }
+            other => {
+                out.insert(name, other.to_string());
+            }
+        }
     }
 }
 
@@ -922,6 +998,7 @@ mod tests {
                 &FileConfig::default(),
             )
             .unwrap(),
+            device: DeviceSettings::default(),
         };
         let banner = Banner::parse(config.engine_config().banner.encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));
@@ -954,6 +1031,7 @@ mod tests {
                 memory_budget: BudgetLimits::from_limit(64 << 20),
                 ack_headroom: true,
                 access,
+                device: DeviceSettings::default(),
             }
             .engine_config()
             .require_auth
@@ -1029,5 +1107,21 @@ mod tests {
             error.contains("memory-budget: bad size \"lots\""),
             "{error}"
         );
+        let file: FileConfig = toml::from_str(
+            "reboot-command = \"/bin/true x\"\nallow-tcpip = false\n\
+             [properties]\n\"ro.build.version.sdk\" = \"33\"\nvendor.site = \"lab\"\n\
+             vendor.count = 2\n",
+        )
+        .unwrap();
+        let device = DeviceSettings::resolve(None, false, &file);
+        assert!(!device.allow_tcpip);
+        assert_eq!(device.reboot_command.as_deref(), Some("/bin/true x"));
+        assert_eq!(device.properties["ro.build.version.sdk"], "33");
+        // A dotted bare key is a nested table in TOML: flattened back.
+        assert_eq!(device.properties["vendor.site"], "lab");
+        assert_eq!(device.properties["vendor.count"], "2");
+        let flags = DeviceSettings::resolve(Some("/sbin/reboot".into()), true, &file);
+        assert_eq!(flags.reboot_command.as_deref(), Some("/sbin/reboot"));
+        assert!(DeviceSettings::resolve(None, false, &FileConfig::default()).allow_tcpip);
     }
 }

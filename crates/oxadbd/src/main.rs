@@ -43,7 +43,8 @@ struct Args {
     /// usb-udc, shell, product-name, product-model, product-device, credit,
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
     /// keys, accept-new-keys, insecure, max-connections, max-streams,
-    /// handshake-timeout, auth-timeout, stalled-stream-timeout).
+    /// handshake-timeout, auth-timeout, stalled-stream-timeout,
+    /// reboot-command, allow-tcpip, and a [properties] table for getprop).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -125,6 +126,16 @@ struct Args {
     /// stream is closed; 0 keeps them forever [default: 300].
     #[arg(long, value_name = "SECS")]
     stalled_stream_timeout: Option<u64>,
+    /// What `adb reboot [TARGET]` runs once it has answered, split on
+    /// blanks; a target (bootloader, recovery...) is appended as the last
+    /// argument and set in OXADBD_REBOOT_TARGET. "" refuses reboots
+    /// [default: `systemctl reboot` under systemd, else `reboot`].
+    #[arg(long, value_name = "COMMAND")]
+    reboot_command: Option<String>,
+    /// Refuse `adb tcpip PORT` and `adb usb` (by default a host may move
+    /// the TCP listener to another port on the same address).
+    #[arg(long)]
+    no_tcpip: bool,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -280,6 +291,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         &file,
     )?;
+    let device = config::DeviceSettings::resolve(args.reboot_command, args.no_tcpip, &file);
     let config = DaemonConfig {
         listen,
         shell: args
@@ -310,6 +322,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or_else(oxadb_io::default_budget_limits),
         ack_headroom: !args.no_ack_headroom && file.ack_headroom != Some(false),
         access,
+        device,
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -409,13 +422,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
         tokio::spawn(oxadb_io::trim_when_idle(std::time::Duration::from_secs(1)));
         let daemon = oxadbd::server::Daemon::new(config);
+        // Without a listener, a USB host may still ask for one (`adb tcpip`).
         let tcp = async {
-            match listener {
-                Some(listener) => oxadbd::server::serve_tcp(listener, daemon.clone())
-                    .await
-                    .context("serving TCP"),
-                None => std::future::pending().await,
-            }
+            oxadbd::server::serve_tcp_switchable(listener, daemon.clone())
+                .await
+                .context("serving TCP")
         };
         let usb = async {
             match function {

@@ -18,7 +18,9 @@ use tracing::Instrument;
 use crate::auth::KeyAuthenticator;
 use crate::config::{DaemonConfig, Keyless};
 use crate::peer_owner::{self, Owner};
-use crate::services::{forward, reverse, shell, sync};
+use crate::services::command::{self, Route};
+use crate::services::props::{Identity, Properties};
+use crate::services::{device, forward, reverse, shell, sync, tcpip};
 
 /// What every connection of the daemon shares, whatever its transport.
 pub struct Daemon {
@@ -27,6 +29,12 @@ pub struct Daemon {
     authenticator: Option<Arc<dyn Authenticator>>,
     /// The daemon's effective uid: its loopback peers need no key by default.
     euid: u32,
+    /// What `getprop` answers.
+    properties: Properties,
+    /// `tcpip:`/`usb:` requests to the TCP accept loop.
+    switch: tcpip::Switch,
+    /// [`serve_usb`] runs: `usb:` may close the TCP listener.
+    serves_usb: std::sync::atomic::AtomicBool,
 }
 
 impl Daemon {
@@ -42,11 +50,27 @@ impl Daemon {
                 config.access.accept_new_keys,
             )) as Arc<dyn Authenticator>
         });
+        let euid = rustix::process::geteuid().as_raw();
+        let uname = rustix::system::uname();
+        let machine = uname.machine().to_string_lossy();
+        let properties = Properties::new(
+            &Identity {
+                product_name: &config.product_name,
+                product_model: &config.product_model,
+                product_device: &config.product_device,
+                root: euid == 0,
+                machine: &machine,
+            },
+            &config.device.properties,
+        );
         Arc::new(Daemon {
             config,
             engine,
             authenticator,
-            euid: rustix::process::geteuid().as_raw(),
+            euid,
+            properties,
+            switch: tcpip::Switch::default(),
+            serves_usb: Default::default(),
         })
     }
 
@@ -120,10 +144,35 @@ pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Resu
 
 /// Serves TCP connections for `daemon` until the task is dropped.
 pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::Result<()> {
+    serve_tcp_switchable(Some(listener), daemon).await
+}
+
+/// Serves TCP connections for `daemon` on `listener`, which hosts may move
+/// to another port or close (`tcpip:`, `usb:`); with `None`, until a host
+/// asks for TCP. Runs until the task is dropped.
+pub async fn serve_tcp_switchable(
+    mut listener: Option<TcpListener>,
+    daemon: Arc<Daemon>,
+) -> std::io::Result<()> {
     let config = daemon.config.clone();
     let slots = Arc::new(Semaphore::new(config.access.max_connections));
+    let mut switch = daemon.switch.take_receiver();
     loop {
-        let (socket, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = accept(listener.as_ref()) => accepted,
+            Some((request, reply)) = async {
+                match switch.as_mut() {
+                    Some(switch) => switch.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let usb = daemon.serves_usb.load(std::sync::atomic::Ordering::Relaxed);
+                let text = tcpip::apply(request, &mut listener, config.listen.ip(), usb).await;
+                let _ = reply.send(text);
+                continue;
+            }
+        };
+        let (socket, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 // EMFILE and friends: keep serving the connections we have.
@@ -176,8 +225,17 @@ pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::R
             }
             .instrument(span.clone()),
         );
-        let config = config.clone();
-        tokio::spawn(dispatch(connection, config, Transport::Tcp).instrument(span));
+        tokio::spawn(dispatch(connection, daemon.clone(), Transport::Tcp).instrument(span));
+    }
+}
+
+/// The next connection on `listener`; never, without one.
+async fn accept(
+    listener: Option<&TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -186,14 +244,17 @@ pub async fn serve_tcp(listener: TcpListener, daemon: Arc<Daemon>) -> std::io::R
 /// host must authenticate when the daemon requires it, like any other.
 /// Returns only when the function's control endpoint fails.
 pub async fn serve_usb<G: Gadget>(gadget: G, daemon: Arc<Daemon>) -> Result<(), FfsError> {
-    let config = daemon.config.clone();
+    daemon
+        .serves_usb
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let serving = daemon.clone();
     oxadb_ffs::serve(
         gadget,
         daemon.engine.clone(),
         daemon.authenticator.clone(),
         move |connection| {
             let span = tracing::info_span!("connection", peer = "usb");
-            tokio::spawn(dispatch(connection, config.clone(), Transport::Usb).instrument(span));
+            tokio::spawn(dispatch(connection, serving.clone(), Transport::Usb).instrument(span));
         },
     )
     .await
@@ -313,8 +374,8 @@ macro_rules! refusal {
     };
 }
 
-async fn dispatch(connection: Connection, config: Arc<DaemonConfig>, transport: Transport) {
-    if !handshake(&connection, &config, transport).await {
+async fn dispatch(connection: Connection, daemon: Arc<Daemon>, transport: Transport) {
+    if !handshake(&connection, &daemon.config, transport).await {
         return;
     }
     let refusals = Arc::new(Refusals::default());
@@ -322,12 +383,12 @@ async fn dispatch(connection: Connection, config: Arc<DaemonConfig>, transport: 
     // transport's listeners when it disconnects, `adb_listeners.cpp`).
     let reverses = reverse::Reverses::new(connection.clone());
     while let Some(incoming) = connection.next_incoming().await {
-        let config = config.clone();
+        let daemon = daemon.clone();
         let refusals = refusals.clone();
         let reverses = reverses.clone();
         let span =
             tracing::info_span!("stream", id = incoming.id().0, service = %incoming.service());
-        tokio::spawn(open_service(incoming, config, refusals, reverses).instrument(span));
+        tokio::spawn(open_service(incoming, daemon, refusals, reverses).instrument(span));
     }
     reverses.close().await;
 }
@@ -335,14 +396,15 @@ async fn dispatch(connection: Connection, config: Arc<DaemonConfig>, transport: 
 /// Answers one OPEN: starts the service or refuses the stream.
 async fn open_service(
     incoming: Incoming,
-    config: Arc<DaemonConfig>,
+    daemon: Arc<Daemon>,
     refusals: Arc<Refusals>,
     reverses: Arc<reverse::Reverses>,
 ) {
+    let config = &daemon.config;
     let service = incoming.service().to_string();
     tracing::debug!("open");
     if service.starts_with("shell") || service.starts_with("exec:") {
-        let request = match oxadb_wire::shell::ShellRequest::parse(&service) {
+        let mut request = match oxadb_wire::shell::ShellRequest::parse(&service) {
             Ok(request) => request,
             Err(error) => {
                 refusal!(refusals, %error, "refusing malformed shell request");
@@ -350,6 +412,27 @@ async fn open_service(
                 return;
             }
         };
+        let path = std::env::var("PATH").unwrap_or_else(|_| shell::DEFAULT_PATH.into());
+        match command::route(&request.command, &daemon.properties, &path) {
+            Route::Shell => {}
+            Route::Replace(line) => {
+                tracing::debug!(command = %line, "served by the system log");
+                request.command = line;
+            }
+            Route::Answer(answer) => {
+                tracing::debug!(status = answer.status, "answered by oxadbd itself");
+                let stream = incoming.accept();
+                shell::answer(
+                    stream,
+                    &request,
+                    &answer.stdout,
+                    &answer.stderr,
+                    answer.status,
+                )
+                .await;
+                return;
+            }
+        }
         let stream = incoming.accept();
         let shell_config = shell::ShellConfig {
             login_shell: config.shell.clone(),
@@ -390,7 +473,25 @@ async fn open_service(
             }
             Err(error) => tracing::debug!(%target, %error, "forward ended with an error"),
         }
-    } else if let Some(message) = unsupported_android_service(&service) {
+    } else if let Some(target) = service.strip_prefix("reboot:") {
+        let target = target.trim_end_matches('\0').to_string();
+        let command = device::reboot_command(config.device.reboot_command.as_deref());
+        device::reboot(incoming.accept(), &target, command).await;
+    } else if let Some(request) = tcpip::Request::parse(&service) {
+        let mut stream = incoming.accept();
+        match request {
+            Ok(request) => {
+                daemon
+                    .switch
+                    .serve(stream, request, config.device.allow_tcpip)
+                    .await
+            }
+            Err(text) => {
+                let _ = stream.write_all(text.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            }
+        }
+    } else if let Some(message) = device::answer(&service, daemon.euid == 0) {
         // Answer in words, as adbd does for requests it cannot honour.
         let mut stream = incoming.accept();
         let _ = stream.write_all(message.as_bytes()).await;
@@ -399,19 +500,4 @@ async fn open_service(
         refusal!(refusals, "refusing unknown service");
         incoming.refuse();
     }
-}
-
-/// Android-only services get a readable explanation instead of a bare refusal.
-fn unsupported_android_service(service: &str) -> Option<String> {
-    let name = service.split(':').next().unwrap_or(service);
-    let text = match name {
-        "root" if rustix::process::geteuid().is_root() => "adbd is already running as root\n",
-        "root" | "unroot" => "oxadbd cannot change the user it runs as\n",
-        "reboot" => "oxadbd does not reboot the device; use `adb shell reboot` if you mean it\n",
-        "remount" => "remount is Android-specific; use `adb shell mount -o remount,rw PATH`\n",
-        "tcpip" | "usb" => "oxadbd's transport is chosen by its command line, not by adb\n",
-        "enable-verity" | "disable-verity" => "verity is Android-specific\n",
-        _ => return None,
-    };
-    Some(text.to_string())
 }

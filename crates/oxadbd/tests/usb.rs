@@ -1,7 +1,8 @@
 //! The daemon over USB, with in-memory endpoints standing in for FunctionFS:
 //! services work, an unplug ends the connection (a push in progress leaves
-//! no temporary file and the destination untouched), and the next ENABLE
-//! serves a new host.
+//! no temporary file and the destination untouched), the next ENABLE
+//! serves a new host, and a USB host can close the TCP listener (`usb:`)
+//! and open another (`tcpip:PORT`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -36,6 +37,7 @@ fn daemon_config(require_auth: bool) -> DaemonConfig {
             &FileConfig::default(),
         )
         .unwrap(),
+        device: Default::default(),
     }
 }
 
@@ -160,4 +162,41 @@ async fn a_usb_host_must_authenticate_when_auth_is_on() {
         "a host without a trusted key is not connected"
     );
     server.abort();
+}
+
+async fn answer(host: &Connection, service: &str) -> String {
+    let mut stream = host.open(service).await.unwrap();
+    let mut output = String::new();
+    stream.read_to_string(&mut output).await.unwrap();
+    output
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usb_host_closes_the_tcp_listener_and_opens_another() {
+    let daemon = oxadbd::server::Daemon::new(daemon_config(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = listener.local_addr().unwrap();
+    let (gadget, mut control) = FakeGadget::new(None);
+    let usb_server = tokio::spawn(oxadbd::server::serve_usb(gadget, daemon.clone()));
+    let tcp_server = tokio::spawn(oxadbd::server::serve_tcp_switchable(Some(listener), daemon));
+    control.send(Event::Enable);
+    let usb = control.next_usb().await.unwrap();
+    let host = host_over(&usb, 4).await;
+    // `adb usb`: TCP closes, the USB host keeps its connection.
+    assert_eq!(answer(&host, "usb:").await, "restarting in USB mode\n");
+    assert!(tokio::net::TcpStream::connect(tcp).await.is_err());
+    assert_eq!(exec(&host, "echo still").await, "still\n");
+    // `adb tcpip PORT`: TCP again, on the same address, at PORT.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    assert_eq!(
+        answer(&host, &format!("tcpip:{port}")).await,
+        format!("restarting in TCP mode port: {port}\n")
+    );
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the daemon listens on the new port");
+    usb_server.abort();
+    tcp_server.abort();
 }

@@ -161,6 +161,7 @@ async fn link(max_packet: usize, credit: CreditMode) -> Link {
         memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
         ack_headroom: true,
         access: oxadbd::config::Access::defaults(listen).unwrap(),
+        device: Default::default(),
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let socket = tokio::net::TcpStream::connect(listen).await.unwrap();

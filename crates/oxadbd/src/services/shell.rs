@@ -43,7 +43,7 @@ const HANGUP_GRACE: Duration = Duration::from_millis(500);
 const KILL_AFTER_HANGUP: Duration = Duration::from_secs(3);
 /// adbd's exit status when the service cannot start (its `ReportError`).
 const START_FAILED_STATUS: u8 = 126;
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Daemon-wide settings for the shell service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,6 +265,41 @@ fn reap_in_background(mut process: tokio::process::Child, pid: Pid) {
             Err(e) => warn!(pid = pid.as_raw_nonzero().get(), error = %e, "shell: wait failed"),
         }
     });
+}
+
+/// Replies to a `shell`/`exec` request without a child: `stdout`, `stderr`
+/// and the exit status, framed as the request's protocol wants (v1: one byte
+/// stream, no status), newlines as a pty would have written them. Used for
+/// commands oxadbd answers itself (`services::command`).
+pub async fn answer<S>(stream: S, request: &ShellRequest, stdout: &str, stderr: &str, status: u8)
+where
+    S: AsyncWrite + Unpin,
+{
+    let mut wr = stream;
+    let crlf = |text: &str| match request.mode {
+        ShellMode::Pty => text.replace('\n', "\r\n"),
+        ShellMode::Raw => text.to_string(),
+    };
+    let (stdout, stderr) = (crlf(stdout), crlf(stderr));
+    let mut buf = Vec::with_capacity(stdout.len() + stderr.len() + 3 * HEADER_LEN + 1);
+    for (id, text) in [(FrameId::Stdout, &stdout), (FrameId::Stderr, &stderr)] {
+        if text.is_empty() {
+            continue;
+        }
+        if request.protocol == ShellProtocol::V2 {
+            if let Ok(header) = encode_header(id, text.len()) {
+                buf.extend_from_slice(&header);
+            }
+        }
+        buf.extend_from_slice(text.as_bytes());
+    }
+    if request.protocol == ShellProtocol::V2 {
+        buf.extend_from_slice(&exit_frame(status));
+    }
+    if let Err(e) = write_flush(&mut wr, &buf).await {
+        debug!(error = %e, "shell: could not send the answer");
+    }
+    let _ = wr.shutdown().await;
 }
 
 /// Like adbd's `ReportError`: "error: ...\n" as raw bytes (v1), or as a stderr

@@ -80,6 +80,13 @@ def resolve_oxadbd() -> Path:
     return p
 
 
+def resolve_oxadb() -> Path:
+    """The oxadb binary beside the daemon's (both come from one build)."""
+    exe = resolve_oxadbd().parent / "oxadb"
+    assert exe.exists(), f"oxadb not found at {exe}; build it with `cargo build --release`"
+    return exe
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     for k in list(env):

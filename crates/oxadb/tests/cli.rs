@@ -21,6 +21,7 @@ fn start_daemon(delayed_ack: bool) -> SocketAddr {
             let config = DaemonConfig {
                 listen: addr,
                 shell: "/bin/sh".into(),
+                framebuffer: oxadbd::config::DEFAULT_FRAMEBUFFER.into(),
                 product_name: "cli-test".into(),
                 product_model: "model".into(),
                 product_device: "device".into(),

@@ -76,6 +76,7 @@ async fn connect(mode: Mode) -> Setup {
     let config = oxadbd::config::DaemonConfig {
         listen,
         shell: "/bin/sh".into(),
+        framebuffer: oxadbd::config::DEFAULT_FRAMEBUFFER.into(),
         product_name: "t".into(),
         product_model: "t".into(),
         product_device: "t".into(),

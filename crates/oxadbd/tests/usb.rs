@@ -20,6 +20,7 @@ fn daemon_config(require_auth: bool) -> DaemonConfig {
     DaemonConfig {
         listen,
         shell: "/bin/sh".into(),
+        framebuffer: oxadbd::config::DEFAULT_FRAMEBUFFER.into(),
         product_name: "usb-test".into(),
         product_model: "model".into(),
         product_device: "device".into(),

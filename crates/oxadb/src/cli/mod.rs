@@ -1,5 +1,6 @@
 //! The `oxadb` command line: one module per group of commands.
 pub mod devices;
 pub mod forward;
+pub mod raw;
 pub mod shell;
 pub mod transfer;

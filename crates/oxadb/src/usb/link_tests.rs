@@ -154,6 +154,7 @@ async fn link(max_packet: usize, credit: CreditMode) -> Link {
     let config = oxadbd::config::DaemonConfig {
         listen,
         shell: "/bin/sh".into(),
+        framebuffer: oxadbd::config::DEFAULT_FRAMEBUFFER.into(),
         product_name: "usbtest".into(),
         product_model: "Fake USB".into(),
         product_device: "fake".into(),

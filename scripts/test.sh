@@ -210,6 +210,7 @@ fi
 # --------------------------------------------------------------------------------
 phase "USB: oxadbd as a FunctionFS gadget, adb 29 and oxadb as hosts, over dummy_hcd in a qemu VM (tests/usb/suite.sh)"
 as_root bash scripts/usb-vm.sh prepare
-as_root bash scripts/usb-vm.sh run tests/usb/suite.sh || die "the USB tests failed in the VM (tests/usb/suite.sh; logs in target/usb-vm)"
+# About 210 s of scripts under TCG: more than usb-vm.sh's default limit of 300 s allows for a slower machine.
+as_root env USB_VM_TIMEOUT="${USB_VM_TIMEOUT:-480}" bash scripts/usb-vm.sh run tests/usb/suite.sh || die "the USB tests failed in the VM (tests/usb/suite.sh; logs in target/usb-vm)"
 
 printf '\nAll %d phases passed in %ds\n' "$PHASES" "$((SECONDS - START))"

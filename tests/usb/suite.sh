@@ -4,7 +4,8 @@
 # dummy_hcd) at high and super speed, the
 # daemon's own checks (unplug cycles, fd and thread counts) at full speed,
 # the host driver's packet-edge and claimed-interface checks at high
-# speed, and vsock and `framebuffer:` (devio-vm.sh). Each script prints PASS or FAIL; this exits non-zero if any failed.
+# speed, and vsock and `framebuffer:` (devio-vm.sh, about 60 s). Each
+# script prints PASS or FAIL; this exits non-zero if any failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 failed=()

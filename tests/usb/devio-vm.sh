@@ -17,7 +17,8 @@
 #    memory; fbcon is unbound from it so that nothing else draws. fb_check.py
 #    draws a known pattern through /dev/fbN, and `framebuffer:` read with
 #    `oxadb raw` (over vsock) and with `adb raw` (adb 29, over TCP) must give
-#    the kernel's width, height, bpp and channel layout and the same pixels.
+#    the kernel's width, height, bpp and channel layout and the same pixels;
+#    `oxadb framebuffer FILE` must write them as a PPM image.
 # Logs go to $USB_VM_OUT/devio/. Prints PASS or FAIL; exits 0 only on PASS.
 set -uo pipefail
 
@@ -193,6 +194,12 @@ if timeout "$LIMIT" "$OXADB" -s "$VSERIAL" raw framebuffer: </dev/null >"$OUT/fb
     pass "oxadb raw framebuffer: over vsock: ${got}"
 else
     fail "oxadb raw framebuffer: $(cat "$OUT/fb-oxadb.err") ${got:-}"
+fi
+if timeout "$LIMIT" "$OXADB" -s "$VSERIAL" framebuffer "$OUT/fb-oxadb.ppm" 2>"$OUT/fb-oxadb-ppm.err" &&
+    got="$(python3 "${REPO}/tests/usb/fb_check.py" ppm "$FB" "$OUT/fb-oxadb.ppm" 2>&1)"; then
+    pass "oxadb framebuffer FILE: ${got}"
+else
+    fail "oxadb framebuffer FILE: $(cat "$OUT/fb-oxadb-ppm.err") ${got:-}"
 fi
 HOME=/tmp/devio/home-adb29
 export HOME

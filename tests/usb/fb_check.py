@@ -4,6 +4,7 @@ reply against it (used by devio-vm.sh inside the VM).
 
     fb_check.py draw /dev/fbN          draw the pattern, print WIDTHxHEIGHT BPP
     fb_check.py check /dev/fbN REPLY   decode REPLY (the stream's bytes), compare
+    fb_check.py ppm /dev/fbN IMAGE     compare `oxadb framebuffer IMAGE`'s PPM
 
 The geometry comes from the kernel itself (FBIOGET_VSCREENINFO and
 FBIOGET_FSCREENINFO, decoded here from linux/fb.h, independently of the
@@ -92,10 +93,30 @@ def check(dev: str, reply_path: str) -> None:
           f"blue {b_off}/{b_len} alpha {a_off}/{a_len}, {size} pixel bytes identical")
 
 
+def check_ppm(dev: str, image_path: str) -> None:
+    g = geometry(dev)
+    with open(image_path, "rb") as f:
+        image = f.read()
+    head = f"P6\n{g['width']} {g['height']}\n255\n".encode()
+    assert image.startswith(head), f"PPM header {image[:20]!r}, want {head!r}"
+    rgb = image[len(head):]
+    # The pattern's values scaled from each channel's width to 8 bits.
+    scale = {name: (1 << g[name][1]) - 1 for name in ("red", "green", "blue")}
+    expected = bytearray()
+    for y in range(g["height"]):
+        for x in range(g["width"]):
+            for name, value in (("red", x * 7 + y), ("green", y * 5 + x * 3), ("blue", x ^ y)):
+                expected.append((value & scale[name]) * 255 // scale[name])
+    assert rgb == bytes(expected), "the PPM's pixels differ from the pattern drawn"
+    print(f"PPM {g['width']}x{g['height']}: every pixel's red, green and blue as drawn")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "draw":
         draw(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "ppm":
+        check_ppm(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)

@@ -76,6 +76,8 @@ enum Command {
     /// Open any service (e.g. `dev-raw:/dev/ttyS0`, `framebuffer:`) and copy
     /// stdin to it and its output to stdout, until the device closes it.
     Raw(cli::raw::RawArgs),
+    /// Save the device's screen (`framebuffer:`) as a PPM image.
+    Framebuffer(cli::framebuffer::FramebufferArgs),
     /// Connect and report success (`connected to HOST:PORT`).
     Connect,
     /// List the features the device advertises, and whether burst mode is in use.
@@ -233,6 +235,9 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,
         Command::Raw(raw) => cli::raw::raw(&device, raw).await?,
+        Command::Framebuffer(framebuffer) => {
+            cli::framebuffer::framebuffer(&device, framebuffer).await?
+        }
         Command::Connect => {
             println!("connected to {}", device.serial());
             0

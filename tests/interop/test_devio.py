@@ -168,6 +168,24 @@ def test_dev_is_cooked(adb, daemon):
         pty.close()
 
 
+def test_dev_on_a_node_without_poll(adb, daemon, tmp_path):
+    """A regular file cannot be polled (epoll refuses it): the daemon reads
+    and writes it on blocking threads instead; its end ends the stream."""
+    plain = tmp_path / "plain"
+    contents = b"\x00contents\r\n\xff"
+    plain.write_bytes(contents)
+    proc = adb.popen("raw", f"dev:{plain}", stdin=subprocess.PIPE)
+    try:
+        assert read_exact(proc.stdout.fileno(), len(contents)) == contents
+        assert nothing_more(proc.stdout.fileno()) == b"", "more than the file's bytes"
+        # The daemon closed the stream at the file's end: adb exits by itself.
+        assert proc.wait(timeout=ADB_TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        finish(proc)
+
+
 def test_unopenable_nodes_refuse_the_stream(adb, daemon, tmp_path):
     plain = tmp_path / "not-a-tty"
     plain.write_bytes(b"x")

@@ -4,7 +4,7 @@
 # dummy_hcd) at high and super speed, the
 # daemon's own checks (unplug cycles, fd and thread counts) at full speed,
 # the host driver's packet-edge and claimed-interface checks at high
-# speed, and vsock and `framebuffer:` (devio-vm.sh, about 60 s). Each
+# speed, and vsock and `framebuffer:` (devio-vm.sh, 37 s of the 290 s on a busy machine). Each
 # script prints PASS or FAIL; this exits non-zero if any failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

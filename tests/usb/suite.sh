@@ -3,8 +3,9 @@
 # tests/usb/suite.sh): usb-interop.sh (Google adb and oxadb against oxadbd over
 # dummy_hcd) at high and super speed, the
 # daemon's own checks (unplug cycles, fd and thread counts) at full speed,
-# and the host driver's packet-edge and claimed-interface checks at high
-# speed. Each script prints PASS or FAIL; this exits non-zero if any failed.
+# the host driver's packet-edge and claimed-interface checks at high
+# speed, and vsock and `framebuffer:` (devio-vm.sh, 37 s of the 290 s on a busy machine). Each
+# script prints PASS or FAIL; this exits non-zero if any failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 failed=()
@@ -17,6 +18,7 @@ run() {
 run "$HERE/usb-interop.sh" high super
 run "$HERE/daemon-smoke.sh" full
 run "$HERE/host-smoke.sh" high
+run "$HERE/devio-vm.sh"
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "USB suite FAILED: ${failed[*]}"
     exit 1

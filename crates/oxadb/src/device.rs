@@ -121,6 +121,7 @@ impl Device {
     pub async fn connect_target(target: &Target, options: &ConnectOptions) -> Result<Device> {
         match target {
             Target::Tcp(addr) => Device::connect(addr, options).await,
+            Target::Vsock(spec) => Device::connect_vsock(spec, options, true).await,
             Target::Usb(device) => Device::connect_usb(device, options).await,
         }
     }
@@ -153,6 +154,41 @@ impl Device {
         let (auth, key_path) = host_auth(options)?;
         let (reader, sink, label) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
         let (connection, run) = Connection::start(reader, sink, config, label, auth);
+        tokio::spawn(run);
+        handshake(connection, serial, None, key_path, options, wait_for_user).await
+    }
+
+    /// Connects to `vsock:CID[:PORT]` (another virtual machine, the host of
+    /// this one with CID 2, or this machine with CID 1 and `vsock_loopback`)
+    /// and completes the handshake, answering authentication challenges.
+    pub async fn connect_vsock(
+        spec: &str,
+        options: &ConnectOptions,
+        wait_for_user: bool,
+    ) -> Result<Device> {
+        let serial = spec.to_string();
+        let connect_error = |source| Error::Connect {
+            addr: serial.clone(),
+            source,
+        };
+        let (cid, port) = target::parse_vsock(spec)
+            .map_err(|message| connect_error(std::io::Error::other(message)))?;
+        let address = tokio_vsock::VsockAddr::new(cid, port);
+        let socket =
+            tokio::time::timeout(options.timeout, tokio_vsock::VsockStream::connect(address))
+                .await
+                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+                .map_err(connect_error)?;
+        let (auth, key_path) = host_auth(options)?;
+        let (reader, writer) = socket.into_split();
+        let config = host_config(options);
+        let (connection, run) = Connection::start(
+            reader,
+            oxadb_io::StreamSink(writer),
+            config,
+            serial.clone(),
+            auth,
+        );
         tokio::spawn(run);
         handshake(connection, serial, None, key_path, options, wait_for_user).await
     }
@@ -204,6 +240,7 @@ impl Device {
     pub async fn probe(target: &Target, options: &ConnectOptions) -> DeviceState {
         let result = match target {
             Target::Tcp(addr) => Device::connect_tcp(addr, options, false).await,
+            Target::Vsock(spec) => Device::connect_vsock(spec, options, false).await,
             Target::Usb(device) => Device::connect_usb_inner(device, options, false).await,
         };
         match result {

@@ -18,9 +18,9 @@ use oxadb::{ConnectOptions, Device};
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
-    /// `oxadb devices` lists them), or HOST:PORT over TCP (port 5555 if
-    /// omitted and no USB device has that serial) [default: the only USB
-    /// device present, else 127.0.0.1:5555].
+    /// `oxadb devices` lists them), HOST:PORT over TCP (port 5555 if
+    /// omitted and no USB device has that serial), or vsock:CID[:PORT]
+    /// [default: the only USB device present, else 127.0.0.1:5555].
     #[arg(short = 's', long = "serial", env = "ANDROID_SERIAL", global = true)]
     serial: Option<String>,
     /// Classic flow control (one packet in flight per stream) even when the
@@ -77,6 +77,11 @@ enum Command {
     /// here; runs until Ctrl-C (--list/--remove/--remove-all: this
     /// connection's only, see `oxadb reverse --help`).
     Reverse(cli::reverse::ReverseArgs),
+    /// Open any service (e.g. `dev-raw:/dev/ttyS0`, `framebuffer:`) and copy
+    /// stdin to it and its output to stdout, until the device closes it.
+    Raw(cli::raw::RawArgs),
+    /// Save the device's screen (`framebuffer:`) as a PPM image.
+    Framebuffer(cli::framebuffer::FramebufferArgs),
     /// Connect and report success (`connected to HOST:PORT`).
     Connect,
     /// List the features the device advertises, and whether burst mode is in use.
@@ -234,6 +239,10 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,
         Command::Reverse(reverse) => cli::reverse::reverse(&device, reverse).await?,
+        Command::Raw(raw) => cli::raw::raw(&device, raw).await?,
+        Command::Framebuffer(framebuffer) => {
+            cli::framebuffer::framebuffer(&device, framebuffer).await?
+        }
         Command::Connect => {
             println!("connected to {}", device.serial());
             0

@@ -13,6 +13,8 @@ pub const DEFAULT_TCP: &str = "127.0.0.1:5555";
 pub enum Target {
     /// `host:port` over TCP.
     Tcp(String),
+    /// `vsock:CID[:PORT]`: a virtual machine socket (AOSP's socket spec).
+    Vsock(String),
     Usb(Box<UsbDeviceInfo>),
 }
 
@@ -20,7 +22,7 @@ impl Target {
     /// How the user names it: `host:port`, or the USB serial.
     pub fn serial(&self) -> &str {
         match self {
-            Target::Tcp(addr) => addr,
+            Target::Tcp(addr) | Target::Vsock(addr) => addr,
             Target::Usb(device) => &device.serial,
         }
     }
@@ -31,6 +33,8 @@ impl Target {
 enum Spec<'a> {
     /// `host:port` (or `[v6]:port`): TCP, exactly as before USB existed.
     Tcp(&'a str),
+    /// `vsock:CID[:PORT]`.
+    Vsock(&'a str),
     /// `usb:BUS-PORT[.PORT...]`: the USB device plugged in there.
     UsbPath(&'a str),
     /// Has a colon but is no address (some serials do): a USB serial only.
@@ -42,6 +46,9 @@ enum Spec<'a> {
 fn classify(serial: &str) -> Spec<'_> {
     if serial.starts_with("usb:") {
         return Spec::UsbPath(serial);
+    }
+    if serial.starts_with("vsock:") {
+        return Spec::Vsock(serial);
     }
     if is_tcp_address(serial) {
         return Spec::Tcp(serial);
@@ -74,7 +81,7 @@ pub fn is_tcp_address(serial: &str) -> bool {
 /// Whether choosing for `serial` needs the list of USB devices: not for a
 /// `host:port`, which is TCP without looking at USB at all.
 pub fn needs_usb_list(serial: Option<&str>) -> bool {
-    !matches!(serial.map(classify), Some(Spec::Tcp(_)))
+    !matches!(serial.map(classify), Some(Spec::Tcp(_) | Spec::Vsock(_)))
 }
 
 /// Whether a failure to list USB devices should fail the command: only when
@@ -84,6 +91,30 @@ pub fn requires_usb(serial: Option<&str>) -> bool {
         serial.map(classify),
         Some(Spec::UsbPath(_) | Spec::UsbSerial(_))
     )
+}
+
+/// The CID and port of a `vsock:CID[:PORT]` serial (port 5555 when
+/// omitted, as adb's `connect` assumes), or why it is not one.
+pub fn parse_vsock(serial: &str) -> std::result::Result<(u32, u32), String> {
+    let rest = serial
+        .strip_prefix("vsock:")
+        .ok_or_else(|| format!("'{serial}' is not vsock:CID[:PORT]"))?;
+    let (cid, port) = match rest.split_once(':') {
+        Some((cid, port)) => (cid, Some(port)),
+        None => (rest, None),
+    };
+    let cid = cid
+        .parse::<u32>()
+        .map_err(|_| format!("bad CID in '{serial}': expected vsock:CID[:PORT]"))?;
+    let port = match port {
+        Some(port) => port
+            .parse::<u32>()
+            .ok()
+            .filter(|&port| port != 0)
+            .ok_or_else(|| format!("bad port in '{serial}': expected vsock:CID[:PORT]"))?,
+        None => 5555,
+    };
+    Ok((cid, port))
 }
 
 /// Picks the device for `serial` (the `-s` value or `ANDROID_SERIAL`)
@@ -117,6 +148,7 @@ pub fn choose(serial: Option<&str>, usb: &[UsbDeviceInfo]) -> Result<Target> {
     };
     match classify(serial) {
         Spec::Tcp(addr) => Ok(Target::Tcp(addr.to_string())),
+        Spec::Vsock(spec) => Ok(Target::Vsock(spec.to_string())),
         Spec::UsbPath(path) => usb
             .iter()
             .find(|d| d.path == path)
@@ -142,6 +174,7 @@ mod tests {
     fn chosen(serial: Option<&str>, devices: &[UsbDeviceInfo]) -> String {
         match choose(serial, devices).unwrap() {
             Target::Tcp(addr) => format!("tcp {addr}"),
+            Target::Vsock(spec) => format!("vsock {spec}"),
             Target::Usb(device) => format!("usb {} {}", device.serial, device.path),
         }
     }
@@ -160,6 +193,25 @@ mod tests {
         }
         assert!(needs_usb_list(None));
         assert!(needs_usb_list(Some("R58M")));
+    }
+
+    #[test]
+    fn vsock_serials_are_vsock_without_looking_at_usb() {
+        let devices = usb(&[("R58M", "usb:1-1")]);
+        assert_eq!(chosen(Some("vsock:1:5555"), &devices), "vsock vsock:1:5555");
+        assert!(!needs_usb_list(Some("vsock:3")));
+        assert_eq!(parse_vsock("vsock:1:40000"), Ok((1, 40000)));
+        assert_eq!(parse_vsock("vsock:3"), Ok((3, 5555)));
+        for bad in [
+            "vsock:",
+            "vsock:x:1",
+            "vsock:1:0",
+            "vsock:1:y",
+            "vsock:1:2:3",
+        ] {
+            let error = parse_vsock(bad).unwrap_err();
+            assert!(error.contains("vsock:CID[:PORT]"), "{error}");
+        }
     }
 
     #[test]

@@ -19,20 +19,12 @@ fn start_daemon(delayed_ack: bool) -> SocketAddr {
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let config = DaemonConfig {
-                listen: addr,
-                shell: "/bin/sh".into(),
-                product_name: "cli-test".into(),
-                product_model: "model".into(),
-                product_device: "device".into(),
                 credit: if delayed_ack {
                     CreditMode::Adaptive
                 } else {
                     CreditMode::Classic
                 },
-                memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
-                ack_headroom: true,
-                access: oxadbd::config::Access::defaults(addr).unwrap(),
-                device: Default::default(),
+                ..DaemonConfig::with_defaults(addr).unwrap()
             };
             oxadbd::server::serve(listener, config).await.unwrap();
         });

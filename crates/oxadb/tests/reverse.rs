@@ -13,16 +13,8 @@ async fn daemon() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let listen = listener.local_addr().unwrap();
     let config = oxadbd::config::DaemonConfig {
-        listen,
-        shell: "/bin/sh".into(),
-        product_name: "t".into(),
-        product_model: "t".into(),
-        product_device: "t".into(),
         credit: CreditMode::Adaptive,
-        memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
-        ack_headroom: true,
-        access: oxadbd::config::Access::defaults(listen).unwrap(),
-        device: Default::default(),
+        ..oxadbd::config::DaemonConfig::with_defaults(listen).unwrap()
     };
     (
         listen.to_string(),

@@ -74,11 +74,6 @@ async fn connect(mode: Mode) -> Setup {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let listen = listener.local_addr().unwrap();
     let config = oxadbd::config::DaemonConfig {
-        listen,
-        shell: "/bin/sh".into(),
-        product_name: "t".into(),
-        product_model: "t".into(),
-        product_device: "t".into(),
         credit: mode.daemon_credit(),
         memory_budget: if mode == Mode::BurstTinyBudget {
             oxadbd::config::BudgetLimits::from_limit(256 << 10)
@@ -86,8 +81,7 @@ async fn connect(mode: Mode) -> Setup {
             oxadbd::config::BudgetLimits::from_limit(256 << 20)
         },
         ack_headroom: mode != Mode::BurstTinyBudget,
-        access: oxadbd::config::Access::defaults(listen).unwrap(),
-        device: Default::default(),
+        ..oxadbd::config::DaemonConfig::with_defaults(listen).unwrap()
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let options = ConnectOptions {

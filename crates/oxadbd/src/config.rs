@@ -13,6 +13,8 @@ use thiserror::Error;
 /// Default listen address: loopback only, as adbd's TCP mode would be reachable
 /// by anyone otherwise, and the daemon hands out a root shell.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5555";
+/// What `framebuffer:` reads unless configured otherwise.
+pub const DEFAULT_FRAMEBUFFER: &str = "/dev/fb0";
 /// Read when present and no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/oxadbd/oxadbd.toml";
 
@@ -28,14 +30,25 @@ pub enum ConfigError {
         path: PathBuf,
         source: Box<toml::de::Error>,
     },
-    #[error("invalid listen address {0:?}: expected ADDR:PORT, e.g. 127.0.0.1:5555")]
+    #[error(
+        "invalid listen address {0:?}: expected ADDR:PORT (e.g. 127.0.0.1:5555) or vsock:PORT"
+    )]
     BadListen(String),
+    #[error("listen: {0}")]
+    ListenList(String),
     #[error(
         "refusing to listen on {0} without authentication: oxadbd gives a root shell; \
          drop --no-auth (hosts then need a key trusted with `oxadbd trust-key`), \
          or give --insecure if every host that can reach {0} may have root"
     )]
     UnauthenticatedExposure(SocketAddr),
+    #[error(
+        "refusing to listen on vsock:{0} without authentication: other virtual machines \
+         and the host reach it, and oxadbd gives a root shell; drop --no-auth (hosts then \
+         need a key trusted with `oxadbd trust-key`), or give --insecure if every one of \
+         them may have root"
+    )]
+    UnauthenticatedVsock(u32),
     #[error("config file {path}: {message}")]
     BadValue { path: PathBuf, message: String },
     #[error("{setting} cannot be used with {mode}: {why}; drop one of them")]
@@ -50,8 +63,11 @@ pub enum ConfigError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
+    /// `ADDR:PORT` and/or `vsock:PORT`, comma-separated.
     pub listen: Option<String>,
     pub shell: Option<PathBuf>,
+    /// The framebuffer device `framebuffer:` reads.
+    pub framebuffer: Option<PathBuf>,
     pub product_name: Option<String>,
     pub product_model: Option<String>,
     pub product_device: Option<String>,
@@ -170,6 +186,8 @@ pub struct DaemonConfig {
     /// see [`UsbConfig`], which lives beside this struct).
     pub listen: SocketAddr,
     pub shell: PathBuf,
+    /// The framebuffer device `framebuffer:` reads (`/dev/fb0`).
+    pub framebuffer: PathBuf,
     pub product_name: String,
     pub product_model: String,
     pub product_device: String,
@@ -328,6 +346,9 @@ pub struct AccessFlags {
     pub stalled_stream_timeout: Option<u64>,
     /// USB is served: anyone who plugs in a cable reaches the daemon.
     pub usb: bool,
+    /// The vsock port served, if any: other virtual machines and the host
+    /// reach it, and none of them is a loopback peer.
+    pub vsock: Option<u32>,
 }
 
 impl Access {
@@ -352,12 +373,20 @@ impl Access {
         let keyless = match flags.auth.or(file.auth) {
             Some(true) => Keyless::Nobody,
             Some(false) => Keyless::Everyone,
-            None if insecure && !loopback && !flags.usb => Keyless::Everyone,
+            None if insecure && (!loopback || flags.vsock.is_some()) && !flags.usb => {
+                Keyless::Everyone
+            }
             None if trust_local_users => Keyless::LocalUsers,
             None => Keyless::LocalOwners,
         };
         if keyless == Keyless::Everyone && !loopback && !insecure {
             return Err(ConfigError::UnauthenticatedExposure(listen));
+        }
+        if let Some(port) = flags
+            .vsock
+            .filter(|_| keyless == Keyless::Everyone && !insecure)
+        {
+            return Err(ConfigError::UnauthenticatedVsock(port));
         }
         // What decided the mode, named as the operator wrote it.
         let file_path = || {
@@ -524,6 +553,25 @@ impl Access {
 }
 
 impl DaemonConfig {
+    /// A daemon on `listen` with every setting at its default and a fixed
+    /// product (`oxadbd`/`test`/`test`): for in-process daemons in tests;
+    /// override fields with struct update syntax.
+    pub fn with_defaults(listen: SocketAddr) -> Result<DaemonConfig, ConfigError> {
+        Ok(DaemonConfig {
+            listen,
+            shell: "/bin/sh".into(),
+            framebuffer: DEFAULT_FRAMEBUFFER.into(),
+            product_name: "oxadbd".into(),
+            product_model: "test".into(),
+            product_device: "test".into(),
+            credit: CreditMode::default(),
+            memory_budget: BudgetLimits::from_limit(256 << 20),
+            ack_headroom: true,
+            access: Access::defaults(listen)?,
+            device: DeviceSettings::default(),
+        })
+    }
+
     /// The CNXN banner: product properties and exactly the features implemented.
     pub fn banner(&self) -> Banner {
         let mut banner = Banner::new("device");
@@ -603,6 +651,43 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
     };
     addr.parse()
         .map_err(|_| ConfigError::BadListen(text.to_string()))
+}
+
+/// Where the daemon listens: at most one TCP address and one vsock port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Listen {
+    pub tcp: Option<SocketAddr>,
+    /// `vsock:PORT`: any CID may connect (`VMADDR_CID_ANY`), as adbd listens.
+    pub vsock: Option<u32>,
+}
+
+/// Parses a `--listen`/`listen` value: addresses separated by commas, each
+/// `ADDR:PORT` (TCP) or `vsock:PORT` (AOSP's socket spec, as adbd's
+/// `service.adb.listen_addrs`).
+pub fn parse_listen_list(text: &str) -> Result<Listen, ConfigError> {
+    let mut listen = Listen::default();
+    for item in text.split(',').map(str::trim) {
+        if let Some(port) = item.strip_prefix("vsock:") {
+            let port = port
+                .parse::<u32>()
+                .ok()
+                .filter(|&port| port != u32::MAX)
+                .ok_or_else(|| ConfigError::BadListen(item.to_string()))?;
+            if listen.vsock.replace(port).is_some() {
+                return Err(ConfigError::ListenList(format!(
+                    "{text:?} names more than one vsock port; oxadbd listens on one"
+                )));
+            }
+        } else {
+            let addr = parse_listen(item)?;
+            if listen.tcp.replace(addr).is_some() {
+                return Err(ConfigError::ListenList(format!(
+                    "{text:?} names more than one TCP address; oxadbd listens on one"
+                )));
+            }
+        }
+    }
+    Ok(listen)
 }
 
 pub use oxadb_io::parse_size;
@@ -798,6 +883,76 @@ mod tests {
     }
 
     #[test]
+    fn listen_lists_name_one_tcp_address_and_one_vsock_port() {
+        assert_eq!(
+            parse_listen_list("127.0.0.1:5555").unwrap(),
+            Listen {
+                tcp: Some("127.0.0.1:5555".parse().unwrap()),
+                vsock: None
+            }
+        );
+        assert_eq!(
+            parse_listen_list("vsock:5555, 127.0.0.1:7").unwrap(),
+            Listen {
+                tcp: Some("127.0.0.1:7".parse().unwrap()),
+                vsock: Some(5555)
+            }
+        );
+        assert_eq!(
+            parse_listen_list("vsock:40000").unwrap(),
+            Listen {
+                tcp: None,
+                vsock: Some(40000)
+            }
+        );
+        for bad in ["vsock:", "vsock:x", "vsock:-1", "vsock:4294967295"] {
+            let error = parse_listen_list(bad).unwrap_err().to_string();
+            assert!(error.contains("vsock:PORT"), "{error}");
+        }
+        let error = parse_listen_list("vsock:1,vsock:2")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("more than one vsock port"), "{error}");
+        let error = parse_listen_list("127.0.0.1:1,127.0.0.1:2")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("more than one TCP address"), "{error}");
+    }
+
+    #[test]
+    fn vsock_peers_need_a_key_unless_insecure() {
+        let loopback = parse_listen(DEFAULT_LISTEN).unwrap();
+        let file = FileConfig::default();
+        let vsock = AccessFlags {
+            vsock: Some(5555),
+            ..AccessFlags::default()
+        };
+        let access = Access::resolve(loopback, &vsock, &file).unwrap();
+        assert_eq!(access.keyless, Keyless::LocalOwners);
+        assert!(access.uses_keys());
+        let no_auth = AccessFlags {
+            auth: Some(false),
+            ..vsock.clone()
+        };
+        let error = Access::resolve(loopback, &no_auth, &file).unwrap_err();
+        assert!(matches!(error, ConfigError::UnauthenticatedVsock(5555)));
+        assert!(error.to_string().contains("--insecure"), "{error}");
+        let insecure = AccessFlags {
+            insecure: true,
+            ..no_auth
+        };
+        let access = Access::resolve(loopback, &insecure, &file).unwrap();
+        assert_eq!(access.keyless, Keyless::Everyone);
+        // --insecure alone means no keys for what is beyond loopback.
+        let insecure_alone = AccessFlags {
+            insecure: true,
+            ..vsock
+        };
+        let access = Access::resolve(loopback, &insecure_alone, &file).unwrap();
+        assert_eq!(access.keyless, Keyless::Everyone);
+    }
+
+    #[test]
     fn settings_that_cannot_apply_are_refused_naming_both() {
         let listen = parse_listen("127.0.0.1:5555").unwrap();
         let no_file = FileConfig::default();
@@ -986,6 +1141,7 @@ mod tests {
         let mut config = DaemonConfig {
             listen: parse_listen(DEFAULT_LISTEN).unwrap(),
             shell: "/bin/sh".into(),
+            framebuffer: DEFAULT_FRAMEBUFFER.into(),
             product_name: "debian".into(),
             product_model: "Board; rev=2".into(),
             product_device: "kiosk".into(),
@@ -1024,6 +1180,7 @@ mod tests {
             DaemonConfig {
                 listen: loopback,
                 shell: "/bin/sh".into(),
+                framebuffer: DEFAULT_FRAMEBUFFER.into(),
                 product_name: String::new(),
                 product_model: String::new(),
                 product_device: String::new(),

@@ -17,10 +17,12 @@ use oxadbd::config::{
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Address to listen on [default: 127.0.0.1:5555; with --usb, no TCP
-    /// unless given]. Hosts must authenticate, except loopback peers owned
-    /// by root or the daemon's own user (see --auth, --trust-local-users).
-    #[arg(long, value_name = "ADDR:PORT", env = "OXADBD_LISTEN")]
+    /// Where to listen: ADDR:PORT (TCP) and/or vsock:PORT (virtual machine
+    /// sockets, any CID), comma-separated [default: 127.0.0.1:5555; with
+    /// --usb, no TCP unless given]. Hosts must authenticate, except loopback
+    /// TCP peers owned by root or the daemon's own user (see --auth,
+    /// --trust-local-users); vsock peers always, unless --no-auth --insecure.
+    #[arg(long, value_name = "ADDR:PORT|vsock:PORT", env = "OXADBD_LISTEN")]
     listen: Option<String>,
     /// Serve ADB over USB as a FunctionFS gadget function (see --ffs-dir).
     /// Hosts must authenticate over USB unless --no-auth is given.
@@ -40,7 +42,7 @@ struct Args {
     #[arg(long, value_name = "NAME")]
     usb_udc: Option<String>,
     /// Configuration file (TOML; keys: listen, usb, ffs-dir, usb-gadget,
-    /// usb-udc, shell, product-name, product-model, product-device, credit,
+    /// usb-udc, shell, framebuffer, product-name, product-model, product-device, credit,
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
     /// keys, accept-new-keys, insecure, max-connections, max-streams,
     /// handshake-timeout, auth-timeout, stalled-stream-timeout,
@@ -50,6 +52,10 @@ struct Args {
     /// Login shell for `adb shell` [default: /bin/sh].
     #[arg(long, value_name = "PATH")]
     shell: Option<PathBuf>,
+    /// The framebuffer device the `framebuffer:` service reads [default:
+    /// /dev/fb0].
+    #[arg(long, value_name = "PATH")]
+    framebuffer: Option<PathBuf>,
     /// `ro.product.name` in the banner [default: the os-release ID].
     #[arg(long)]
     product_name: Option<String>,
@@ -257,14 +263,16 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         &file,
     );
-    // With USB, TCP is served only when an address is given.
-    let listen = match args.listen.or(file.listen.clone()) {
-        Some(listen) => Some(config::parse_listen(&listen)?),
-        None if usb.is_some() => None,
-        None => Some(config::parse_listen(config::DEFAULT_LISTEN)?),
+    // With USB, TCP is served only when an address is given; a list that
+    // names only a vsock port serves no TCP either.
+    let places = match args.listen.or(file.listen.clone()) {
+        Some(listen) => config::parse_listen_list(&listen)?,
+        None if usb.is_some() => config::Listen::default(),
+        None => config::parse_listen_list(config::DEFAULT_LISTEN)?,
     };
-    let tcp = listen.is_some();
-    let listen = match listen {
+    let tcp = places.tcp.is_some();
+    let vsock = places.vsock;
+    let listen = match places.tcp {
         Some(listen) => listen,
         None => config::parse_listen(config::DEFAULT_LISTEN)?,
     };
@@ -288,6 +296,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             auth_timeout: args.auth_timeout,
             stalled_stream_timeout: args.stalled_stream_timeout,
             usb: usb.is_some(),
+            vsock,
         },
         &file,
     )?;
@@ -298,6 +307,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             .shell
             .or(file.shell)
             .unwrap_or_else(|| PathBuf::from("/bin/sh")),
+        framebuffer: args
+            .framebuffer
+            .or(file.framebuffer)
+            .unwrap_or_else(|| PathBuf::from(config::DEFAULT_FRAMEBUFFER)),
         product_name: args
             .product_name
             .or(file.product_name)
@@ -351,6 +364,21 @@ fn run(args: Args) -> anyhow::Result<()> {
             None => None,
         };
         let local = listener.as_ref().map(|l| l.local_addr()).transpose()?;
+        let vsock_listener = match vsock {
+            Some(port) => Some(
+                tokio_vsock::VsockListener::bind(tokio_vsock::VsockAddr::new(
+                    tokio_vsock::VMADDR_CID_ANY,
+                    port,
+                ))
+                .with_context(|| {
+                    format!(
+                        "listening on vsock:{port} (is the vsock module loaded? \
+                         vsock_loopback, or a VM's virtio/vmci transport)"
+                    )
+                })?,
+            ),
+            None => None,
+        };
         let function = match &usb {
             Some(usb) => {
                 let function = oxadb_ffs::FunctionFs::open(&usb.ffs_dir)?;
@@ -369,6 +397,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         // how to trust one.
         let places = [
             local.map(|local| local.to_string()),
+            vsock.map(|port| format!("vsock:{port}")),
             usb.as_ref()
                 .map(|usb| format!("USB ({})", usb.ffs_dir.display())),
         ];
@@ -393,6 +422,12 @@ fn run(args: Args) -> anyhow::Result<()> {
             tracing::warn!(
                 "--no-auth: listening on {local} WITHOUT authentication; every local user \
                  gets a root shell"
+            );
+        }
+        if let Some(port) = vsock.filter(|_| access.keyless == Keyless::Everyone) {
+            tracing::warn!(
+                "--insecure: listening on vsock:{port} WITHOUT authentication; every \
+                 virtual machine and host that reaches it gets a root shell"
             );
         }
         if usb.is_some() && access.keyless == Keyless::Everyone {
@@ -428,6 +463,14 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .await
                 .context("serving TCP")
         };
+        let vsock = async {
+            match vsock_listener {
+                Some(listener) => oxadbd::server::serve_vsock(listener, daemon.clone())
+                    .await
+                    .context("serving vsock"),
+                None => std::future::pending().await,
+            }
+        };
         let usb = async {
             match function {
                 Some(function) => oxadbd::server::serve_usb(function, daemon.clone())
@@ -438,6 +481,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         let stopped_by = tokio::select! {
             result = tcp => return result,
+            result = vsock => return result,
             result = usb => return result,
             _ = interrupt.recv() => "SIGINT",
             _ = terminate.recv() => "SIGTERM",

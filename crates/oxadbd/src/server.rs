@@ -20,7 +20,7 @@ use crate::config::{DaemonConfig, Keyless};
 use crate::peer_owner::{self, Owner};
 use crate::services::command::{self, Route};
 use crate::services::props::{Identity, Properties};
-use crate::services::{device, forward, reverse, shell, sync, tcpip};
+use crate::services::{device, forward, framebuffer, reverse, serial, shell, sync, tcpip};
 
 /// What every connection of the daemon shares, whatever its transport.
 pub struct Daemon {
@@ -35,6 +35,8 @@ pub struct Daemon {
     switch: tcpip::Switch,
     /// [`serve_usb`] runs: `usb:` may close the TCP listener.
     serves_usb: std::sync::atomic::AtomicBool,
+    /// Connection slots shared by the socket transports (TCP, vsock).
+    slots: Arc<Semaphore>,
 }
 
 impl Daemon {
@@ -64,6 +66,7 @@ impl Daemon {
             &config.device.properties,
         );
         Arc::new(Daemon {
+            slots: Arc::new(Semaphore::new(config.access.max_connections)),
             config,
             engine,
             authenticator,
@@ -155,7 +158,7 @@ pub async fn serve_tcp_switchable(
     daemon: Arc<Daemon>,
 ) -> std::io::Result<()> {
     let config = daemon.config.clone();
-    let slots = Arc::new(Semaphore::new(config.access.max_connections));
+    let slots = daemon.slots.clone();
     let mut switch = daemon.switch.take_receiver();
     loop {
         let accepted = tokio::select! {
@@ -204,29 +207,48 @@ pub async fn serve_tcp_switchable(
                 continue;
             }
         };
-        let mut engine = daemon.engine.clone();
-        engine.require_auth = needs_key && daemon.authenticator.is_some();
-        let auth = match (&daemon.authenticator, needs_key) {
-            (Some(authenticator), true) => Auth::Device(authenticator.clone()),
-            _ => Auth::None,
-        };
-        let (connection, run) = Connection::start(reader, sink, engine, label, auth);
-        tracing::info!(%peer, key = %why, "connection accepted");
-        let span = tracing::info_span!("connection", %peer);
-        tokio::spawn(
-            async move {
-                let error = run.await;
-                drop(slot);
-                if error.is_clean() {
-                    tracing::info!("connection closed: {error}");
-                } else {
-                    tracing::warn!("closing connection: {error}");
-                }
-            }
-            .instrument(span.clone()),
-        );
-        tokio::spawn(dispatch(connection, daemon.clone(), Transport::Tcp).instrument(span));
+        start_connection(&daemon, reader, sink, label, needs_key, why, &peer, slot);
     }
+}
+
+/// Starts a connection accepted on a socket transport and its dispatcher;
+/// `slot` is held until the connection ends.
+#[allow(clippy::too_many_arguments)]
+fn start_connection<R, S>(
+    daemon: &Arc<Daemon>,
+    reader: R,
+    sink: S,
+    label: String,
+    needs_key: bool,
+    why: String,
+    peer: &dyn std::fmt::Display,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    S: oxadb_io::PacketSink,
+{
+    let mut engine = daemon.engine.clone();
+    engine.require_auth = needs_key && daemon.authenticator.is_some();
+    let auth = match (&daemon.authenticator, needs_key) {
+        (Some(authenticator), true) => Auth::Device(authenticator.clone()),
+        _ => Auth::None,
+    };
+    let (connection, run) = Connection::start(reader, sink, engine, label, auth);
+    tracing::info!(%peer, key = %why, "connection accepted");
+    let span = tracing::info_span!("connection", %peer);
+    tokio::spawn(
+        async move {
+            let error = run.await;
+            drop(slot);
+            if error.is_clean() {
+                tracing::info!("connection closed: {error}");
+            } else {
+                tracing::warn!("closing connection: {error}");
+            }
+        }
+        .instrument(span.clone()),
+    );
+    tokio::spawn(dispatch(connection, daemon.clone(), Transport::Tcp).instrument(span));
 }
 
 /// The next connection on `listener`; never, without one.
@@ -236,6 +258,55 @@ async fn accept(
     match listener {
         Some(listener) => listener.accept().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Serves vsock connections (another virtual machine, or the host of this
+/// one; AOSP's adbd listens on `vsock:PORT` beside TCP) for `daemon` until
+/// the task is dropped. No vsock peer is a loopback peer whose owner the
+/// kernel can name, so every one must authenticate unless authentication is
+/// off; the handshake's deadlines are TCP's.
+pub async fn serve_vsock(
+    listener: tokio_vsock::VsockListener,
+    daemon: Arc<Daemon>,
+) -> std::io::Result<()> {
+    let max_connections = daemon.config.access.max_connections;
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "vsock accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let peer = format!("vsock:{}:{}", peer.cid(), peer.port());
+        let Ok(slot) = daemon.slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                %peer,
+                max_connections,
+                "refusing connection: the daemon serves its maximum of connections"
+            );
+            drop(socket);
+            continue;
+        };
+        let (needs_key, why) = if daemon.authenticator.is_some() {
+            (true, "key required: a vsock peer".to_string())
+        } else {
+            (false, "no key needed: authentication is off".to_string())
+        };
+        let (reader, writer) = socket.into_split();
+        let label = peer.clone();
+        start_connection(
+            &daemon,
+            reader,
+            oxadb_io::StreamSink(writer),
+            label,
+            needs_key,
+            why,
+            &peer,
+            slot,
+        );
     }
 }
 
@@ -472,6 +543,30 @@ async fn open_service(
                 tracing::debug!(%target, to_target, from_target, "forward ended")
             }
             Err(error) => tracing::debug!(%target, %error, "forward ended with an error"),
+        }
+    } else if let Some(request) = serial::Request::parse(&service) {
+        // Opened (and made raw) before answering: a node that cannot be is
+        // a refused OPEN, as in adbd.
+        let node = match request
+            .map_err(|e| e.to_string())
+            .and_then(|request| serial::open(&request).map_err(|e| e.to_string()))
+        {
+            Ok(node) => node,
+            Err(error) => {
+                refusal!(refusals, %error, "refusing device stream");
+                incoming.refuse();
+                return;
+            }
+        };
+        match forward::relay(incoming.accept(), node).await {
+            Ok((to_device, from_device)) => {
+                tracing::debug!(to_device, from_device, "device stream ended")
+            }
+            Err(error) => tracing::debug!(%error, "device stream ended with an error"),
+        }
+    } else if service.starts_with("framebuffer:") {
+        if let Err(error) = framebuffer::serve(incoming.accept(), &config.framebuffer).await {
+            tracing::debug!(%error, "framebuffer stream ended with an error");
         }
     } else if let Some(target) = service.strip_prefix("reboot:") {
         let target = target.trim_end_matches('\0').to_string();

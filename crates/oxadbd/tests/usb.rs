@@ -19,14 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn daemon_config(require_auth: bool) -> DaemonConfig {
     let listen = parse_listen("127.0.0.1:0").unwrap();
     DaemonConfig {
-        listen,
-        shell: "/bin/sh".into(),
-        product_name: "usb-test".into(),
-        product_model: "model".into(),
-        product_device: "device".into(),
-        credit: Default::default(),
         memory_budget: BudgetLimits::from_limit(64 << 20),
-        ack_headroom: true,
         access: Access::resolve(
             listen,
             &AccessFlags {
@@ -37,7 +30,7 @@ fn daemon_config(require_auth: bool) -> DaemonConfig {
             &FileConfig::default(),
         )
         .unwrap(),
-        device: Default::default(),
+        ..DaemonConfig::with_defaults(listen).unwrap()
     }
 }
 

@@ -42,15 +42,15 @@ pub async fn devices(
     };
     // The TCP device a command would go to, if any: `-s host:port` (or a
     // bare host no USB device has as serial), or the default.
-    let tcp = match serial {
-        None => Some(target::DEFAULT_TCP.to_string()),
+    let socket = match serial {
+        None => Some(Target::Tcp(target::DEFAULT_TCP.to_string())),
         Some(serial) => match target::choose(Some(serial), &usb) {
-            Ok(Target::Tcp(addr)) => Some(addr),
+            Ok(target @ (Target::Tcp(_) | Target::Vsock(_))) => Some(target),
             _ => None,
         },
     };
     let mut targets: Vec<Target> = usb.into_iter().map(|d| Target::Usb(Box::new(d))).collect();
-    targets.extend(tcp.map(Target::Tcp));
+    targets.extend(socket);
     let mut options = options.clone();
     options.timeout = PROBE_TIMEOUT;
     let mut probes = tokio::task::JoinSet::new();
@@ -68,8 +68,8 @@ pub async fn devices(
         let state = state.expect("every probe ends");
         if let DeviceState::Offline(reason) = &state {
             tracing::debug!(serial = target.serial(), reason, "offline");
-            // A TCP address nothing listens on is no device at all.
-            if matches!(target, Target::Tcp(_)) {
+            // A socket address nothing listens on is no device at all.
+            if matches!(target, Target::Tcp(_) | Target::Vsock(_)) {
                 continue;
             }
         }

@@ -152,16 +152,9 @@ async fn link(max_packet: usize, credit: CreditMode) -> Link {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let listen = listener.local_addr().unwrap();
     let config = oxadbd::config::DaemonConfig {
-        listen,
-        shell: "/bin/sh".into(),
-        product_name: "usbtest".into(),
         product_model: "Fake USB".into(),
-        product_device: "fake".into(),
         credit,
-        memory_budget: oxadbd::config::BudgetLimits::from_limit(256 << 20),
-        ack_headroom: true,
-        access: oxadbd::config::Access::defaults(listen).unwrap(),
-        device: Default::default(),
+        ..oxadbd::config::DaemonConfig::with_defaults(listen).unwrap()
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
     let socket = tokio::net::TcpStream::connect(listen).await.unwrap();

@@ -1,12 +1,15 @@
 //! Services a host can open on the daemon (`shell:`, `exec:`, `sync:`,
-//! forward targets, `reverse:`, Android's device services), and the Android
-//! commands the shell service answers itself (`command`).
+//! forward targets, `reverse:`, `dev:`/`dev-raw:` device nodes,
+//! `framebuffer:`, Android's device services), and the Android commands the
+//! shell service answers itself (`command`).
 pub mod command;
 pub mod device;
 pub mod forward;
+pub mod framebuffer;
 pub mod logcat;
 pub mod props;
 pub mod reverse;
+pub mod serial;
 pub mod shell;
 pub mod sync;
 pub mod tcpip;

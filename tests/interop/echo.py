@@ -196,6 +196,19 @@ def refused(port: int, timeout: float = 5.0) -> bool:
         time.sleep(0.05)
 
 
+def answer_to(port: int, timeout: float = 10.0) -> bytes:
+    """What a listener on 127.0.0.1:port replies to one message before it
+    closes the connection (b"" when it closes, or resets, without a word):
+    a forward or reverse whose far end is unreachable."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        try:
+            s.sendall(b"anyone?")
+            return s.recv(100)
+        except (ConnectionResetError, BrokenPipeError):
+            return b""
+
+
 def unix_roundtrip(address, payload: bytes, timeout: float = 30) -> bytes:
     """`roundtrip` through a unix socket (a path, or "\\0NAME" for an abstract one)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -310,6 +310,11 @@ impl Device {
         &self.connection
     }
 
+    /// Whether the connection has ended (the device went away or closed it).
+    pub fn connection_closed(&self) -> bool {
+        self.connection.closed().is_some()
+    }
+
     /// Ends the connection.
     pub fn close(&self) {
         self.connection.close();

@@ -331,6 +331,11 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         }
         Command::Disconnect { address } => return cli::connect::disconnect(address.as_deref()),
         Command::KillServer => return cli::connect::kill_server(),
+        Command::Devices(devices) => {
+            let connected = cli::state::State::load()?.devices;
+            return cli::devices::devices(args.serial.as_deref(), &connected, &options, devices)
+                .await;
+        }
         Command::StartServer => return Ok(0),
         Command::Sync { .. } => return Ok(cli::device_services::sync()),
         Command::Tcpip { port } => {
@@ -363,11 +368,6 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     };
     let serial = serial.as_deref();
     match &args.command {
-        Command::Devices(devices) => {
-            let connected = cli::state::State::load()?.devices;
-            return cli::devices::devices(args.serial.as_deref(), &connected, &options, devices)
-                .await;
-        }
         Command::Reconnect => return cli::connect::reconnect(serial, &options).await,
         Command::External(words) => {
             let name = words.first().map(String::as_str).unwrap_or("");
@@ -440,12 +440,10 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         Command::DisableVerity => {
             cli::device_services::one_shot(&device, "disable-verity:").await?
         }
-        Command::EnableVerity => {
-            cli::device_services::one_shot(&device, "enable-verity:").await?
-        }
+        Command::EnableVerity => cli::device_services::one_shot(&device, "enable-verity:").await?,
         Command::Tcpip { port } => {
-            let service = cli::device_services::tcpip_service(port.as_deref())
-                .map_err(anyhow::Error::msg)?;
+            let service =
+                cli::device_services::tcpip_service(port.as_deref()).map_err(anyhow::Error::msg)?;
             cli::device_services::one_shot(&device, &service).await?
         }
         Command::Usb => cli::device_services::one_shot(&device, "usb:").await?,

@@ -44,6 +44,8 @@ pub async fn devices(
     // The TCP device a command would go to, if any: `-s host:port` (or a
     // bare host no USB device has as serial), or the default.
     let socket = match serial {
+        // With devices `connect`ed, commands go to them, not the default.
+        None if !connected.is_empty() => None,
         None => Some(Target::Tcp(target::DEFAULT_TCP.to_string())),
         Some(serial) => match target::choose(Some(serial), &usb) {
             Ok(target @ (Target::Tcp(_) | Target::Vsock(_))) => Some(target),

@@ -123,13 +123,18 @@ pub fn start_background(serial: &str, args: &ForwardArgs) -> anyhow::Result<i32>
         bail!("forward takes two arguments: LOCAL REMOTE");
     };
     check_remote(remote)?;
-    for (what, spec) in [("local", local), ("remote", remote), ("serial", &serial.to_string())] {
+    for (what, spec) in [
+        ("local", local),
+        ("remote", remote),
+        ("serial", &serial.to_string()),
+    ] {
         if spec.contains(char::is_whitespace) {
             bail!("forward: {what} {spec:?} contains whitespace, which oxadb's state file cannot hold");
         }
     }
     let mut locked = state::lock()?;
     locked.state.prune();
+    let mut rebound = false;
     if let Some(existing) = locked
         .state
         .forwarders
@@ -145,6 +150,7 @@ pub fn start_background(serial: &str, args: &ForwardArgs) -> anyhow::Result<i32>
         state::stop_forwarder(existing.pid);
         locked.state.forwarders.retain(|f| f != &existing);
         locked.save()?;
+        rebound = true;
     }
     let log_path = locked.dir().join("forwarders.log");
     let log = std::fs::OpenOptions::new()
@@ -187,8 +193,9 @@ pub fn start_background(serial: &str, args: &ForwardArgs) -> anyhow::Result<i32>
         remote: remote.clone(),
     });
     locked.save()?;
-    if local.starts_with("tcp:") {
-        // adb 29 prints the local port of a tcp: forward.
+    if local.starts_with("tcp:") && !rebound {
+        // adb 29 prints the local port of a new tcp: forward (not of a
+        // rebound one: its server answers a rebind without the port).
         println!("{port}");
     }
     Ok(0)

@@ -14,7 +14,7 @@ use oxadb::{ConnectOptions, Device};
 #[command(
     version,
     about,
-    after_help = "Without -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -71,7 +71,9 @@ enum Command {
     Push(cli::transfer::PushArgs),
     /// Copy files or directories from the device.
     Pull(cli::transfer::PullArgs),
-    /// Forward a local socket to a socket on the device; runs until Ctrl-C.
+    /// Forward a local socket to a socket on the device, served by a
+    /// background oxadb (--list, --remove, --remove-all; --foreground to
+    /// serve until Ctrl-C instead).
     Forward(cli::forward::ForwardArgs),
     /// Make the device listen on REMOTE and relay its connections to LOCAL
     /// here; runs until Ctrl-C (--list/--remove/--remove-all: this
@@ -227,9 +229,7 @@ fn main() -> ExitCode {
             let _ = error.print();
             // adb exits 1 on a usage error; --help and --version are no error.
             return match error.kind() {
-                clap::error::ErrorKind::DisplayHelp
-                | clap::error::ErrorKind::DisplayVersion
-                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                     ExitCode::SUCCESS
                 }
                 _ => ExitCode::FAILURE,

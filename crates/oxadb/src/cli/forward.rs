@@ -9,6 +9,7 @@
 //! records; `--foreground` serves in this process until Ctrl-C instead.
 
 use std::io::BufRead;
+use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
@@ -156,6 +157,7 @@ pub fn start_background(serial: &str, args: &ForwardArgs) -> anyhow::Result<i32>
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&log_path)
         .with_context(|| format!("opening {}", log_path.display()))?;
     let exe = std::env::current_exe().context("finding this oxadb executable to re-run")?;

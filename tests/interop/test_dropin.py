@@ -332,3 +332,23 @@ def test_usage_errors_exit_1_and_help_exits_0(oxadb):
     for args in (["--help"], ["--version"], ["forward", "--help"]):
         r = oxadb(*args)
         assert r.returncode == 0 and r.stdout, (args, r)
+
+
+def test_connect_to_a_device_that_refuses_the_key_as_adb(adb_bin, fresh_daemon, oxadb,
+                                                         tmp_path):
+    keys = tmp_path / "adb_keys"
+    keys.write_text("")
+    d = fresh_daemon(args=("--auth", "--keys", str(keys)))
+    server = AdbServer(adb_bin, tmp_path / "adbsrv")
+    try:
+        server.start()
+        want = server.run("connect", d.serial)
+        listed = server.devices()
+    finally:
+        server.kill()
+    assert (want.rc, want.out) == (0, f"failed to authenticate to {d.serial}\n"), want
+    assert listed == {d.serial: "unauthorized"}
+    r = oxadb("connect", d.serial, timeout=30)
+    assert (r.returncode, r.stdout) == (want.rc, want.out), r
+    r = oxadb("devices", timeout=30)
+    assert r.stdout == f"List of devices attached\n{d.serial}\tunauthorized\n\n", r

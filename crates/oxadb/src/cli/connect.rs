@@ -44,18 +44,19 @@ pub async fn connect(address: Option<&str>, options: &ConnectOptions) -> anyhow:
         println!("already connected to {serial}");
         return Ok(0);
     }
-    match Device::connect(&serial, options).await {
-        Ok(device) => device.close(),
-        Err(error @ Error::Unauthorized { .. }) => {
-            println!("failed to authenticate to {serial}");
-            tracing::debug!(%error, "connect");
-            return Ok(1);
+    let answer = match Device::connect_unattended(&serial, options).await {
+        Ok(device) => {
+            device.close();
+            format!("connected to {serial}")
         }
+        // adb 29 keeps an unauthorized device (`adb devices` lists it so,
+        // until its user accepts the key) and still exits 0.
+        Err(Error::Unauthorized { .. }) => format!("failed to authenticate to {serial}"),
         Err(error) => {
             println!("failed to connect to '{serial}': {}", cause(&error));
             return Ok(0);
         }
-    }
+    };
     let mut locked = state::lock()?;
     if locked.state.devices.contains(&serial) {
         // Another oxadb connected it meanwhile.
@@ -64,7 +65,7 @@ pub async fn connect(address: Option<&str>, options: &ConnectOptions) -> anyhow:
     }
     locked.state.devices.push(serial.clone());
     locked.save()?;
-    println!("connected to {serial}");
+    println!("{answer}");
     Ok(0)
 }
 

@@ -98,7 +98,12 @@ impl State {
 
     /// The state as last written (empty when there is none yet).
     pub fn load() -> anyhow::Result<State> {
-        let path = state_dir()?.join("state");
+        // With no place for a state file (no HOME) nothing was ever
+        // connected: commands naming their device still run.
+        let Ok(dir) = state_dir() else {
+            return Ok(State::default());
+        };
+        let path = dir.join("state");
         match std::fs::read_to_string(&path) {
             Ok(text) => Ok(State::parse(&text)),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),

@@ -337,6 +337,16 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
                 .await;
         }
         Command::StartServer => return Ok(0),
+        Command::External(words) => {
+            let name = words.first().map(String::as_str).unwrap_or("");
+            if let Some(code) = cli::device_services::refuse_android_only(name) {
+                return Ok(code);
+            }
+            if !name.starts_with("wait-for-") {
+                eprintln!("oxadb: unknown command {name} (see `oxadb --help`)");
+                return Ok(1);
+            }
+        }
         Command::Sync { .. } => return Ok(cli::device_services::sync()),
         Command::Tcpip { port } => {
             if let Err(message) = cli::device_services::tcpip_service(port.as_deref()) {
@@ -374,11 +384,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
             if let Some(result) = cli::connect::wait_for(name, serial, &options).await {
                 return result;
             }
-            if let Some(code) = cli::device_services::refuse_android_only(name) {
-                return Ok(code);
-            }
-            eprintln!("oxadb: unknown command {name} (see `oxadb --help`)");
-            return Ok(1);
+            unreachable!("only wait-for-* gets here")
         }
         _ => {}
     }

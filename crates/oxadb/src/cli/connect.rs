@@ -135,7 +135,7 @@ async fn wait(
         "recovery" | "rescue" | "sideload" | "bootloader" => {}
         _ => {
             eprintln!(
-                "adb: invalid state '{state}': expected device, recovery, rescue, sideload, bootloader, any or disconnect"
+                "oxadb: invalid state '{state}': expected device, recovery, rescue, sideload, bootloader, any or disconnect"
             );
             return Ok(1);
         }

@@ -199,3 +199,13 @@ pub async fn get(what: &str, device: &Device) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_port_is_5555() {
+        assert_eq!(super::with_port("10.0.0.2"), "10.0.0.2:5555");
+        assert_eq!(super::with_port("10.0.0.2:7000"), "10.0.0.2:7000");
+        assert_eq!(super::with_port("[::1]:7000"), "[::1]:7000");
+    }
+}

@@ -72,3 +72,23 @@ pub fn refuse_android_only(command: &str) -> Option<i32> {
     eprintln!("oxadb: {command} is not supported: {why}");
     Some(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcpip_checks_the_port_as_adb() {
+        assert_eq!(tcpip_service(Some("5555")).unwrap(), "tcpip:5555");
+        assert_eq!(
+            tcpip_service(None).unwrap_err(),
+            "adb: tcpip requires an argument"
+        );
+        assert_eq!(
+            tcpip_service(Some("abc")).unwrap_err(),
+            "adb: tcpip: invalid port: abc"
+        );
+        assert!(tcpip_service(Some("0")).is_err());
+        assert!(tcpip_service(Some("65536")).is_err());
+    }
+}

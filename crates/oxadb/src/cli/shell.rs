@@ -208,3 +208,13 @@ pub async fn exec_out(device: &Device, args: &ExecOutArgs) -> anyhow::Result<i32
     stdout.flush().await?;
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn words_are_quoted_as_adbs_escape_arg() {
+        assert_eq!(super::quote(""), "''");
+        assert_eq!(super::quote("-d"), "'-d'");
+        assert_eq!(super::quote("it's"), "'it'\\''s'");
+    }
+}

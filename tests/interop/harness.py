@@ -173,7 +173,9 @@ class Daemon:
         """The address a raw socket connects to."""
         return self.host.removeprefix("::ffff:")
 
-    def start(self, timeout: float = 20.0) -> "Daemon":
+    def start(self, timeout: float = 20.0, port: int | None = None) -> "Daemon":
+        """Starts on a free port, or on `port` (e.g. to restart on the same
+        address; then a port race is a failure, not retried)."""
         if not self.exe.exists():
             raise AssertionError(
                 f"oxadbd binary not found at {self.exe} (set OXADBD or run "
@@ -182,8 +184,8 @@ class Daemon:
         if self.rust_log:
             env["RUST_LOG"] = self.rust_log
         last_err = ""
-        for _attempt in range(3):
-            self.port = free_port(self.host)
+        for _attempt in range(3 if port is None else 1):
+            self.port = port if port is not None else free_port(self.host)
             start_at = self.log_size()
             log = open(self.log_path, "ab")
             try:

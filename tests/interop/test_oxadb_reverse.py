@@ -140,7 +140,8 @@ def test_other_connections_see_nothing(fresh_daemon, oxadb, echo):
     assert roundtrip(a, b"one") == b"one"
 
     r = oxadb(d.serial, "reverse", "--list")
-    assert (r.returncode, r.stdout) == (0, ""), r
+    # adb's format: the (empty) list, then a newline.
+    assert (r.returncode, r.stdout) == (0, "\n"), r
     r = oxadb(d.serial, "reverse", "--remove", f"tcp:{a}")
     assert r.returncode == 1 and f"listener 'tcp:{a}' not found" in r.stderr, r
     r = oxadb(d.serial, "reverse", "--remove-all")

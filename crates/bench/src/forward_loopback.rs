@@ -193,6 +193,7 @@ fn run(args: &ForwardLoopbackArgs, port: u16) -> Result<()> {
         &serial,
         &[
             "forward".into(),
+            "--foreground".into(),
             format!("tcp:{forward_port}"),
             target_spec.clone(),
         ],

@@ -132,6 +132,13 @@ impl Device {
         Device::connect_tcp(addr, options, true).await
     }
 
+    /// As [`Device::connect`], but a device that does not accept our keys
+    /// is [`Error::Unauthorized`] at once instead of after waiting for its
+    /// user to accept the key we offered (adb's `connect` does not wait).
+    pub async fn connect_unattended(addr: &str, options: &ConnectOptions) -> Result<Device> {
+        Device::connect_tcp(addr, options, false).await
+    }
+
     async fn connect_tcp(
         addr: &str,
         options: &ConnectOptions,
@@ -308,6 +315,11 @@ impl Device {
 
     pub(crate) fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// Whether the connection has ended (the device went away or closed it).
+    pub fn connection_closed(&self) -> bool {
+        self.connection.closed().is_some()
     }
 
     /// Ends the connection.

@@ -14,7 +14,7 @@ use oxadb::{ConnectOptions, Device};
 #[command(
     version,
     about,
-    after_help = "Environment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -71,7 +71,9 @@ enum Command {
     Push(cli::transfer::PushArgs),
     /// Copy files or directories from the device.
     Pull(cli::transfer::PullArgs),
-    /// Forward a local socket to a socket on the device; runs until Ctrl-C.
+    /// Forward a local socket to a socket on the device, served by a
+    /// background oxadb (--list, --remove, --remove-all; --foreground to
+    /// serve until Ctrl-C instead).
     Forward(cli::forward::ForwardArgs),
     /// Make the device listen on REMOTE and relay its connections to LOCAL
     /// here; runs until Ctrl-C (--list/--remove/--remove-all: this
@@ -82,8 +84,67 @@ enum Command {
     Raw(cli::raw::RawArgs),
     /// Save the device's screen (`framebuffer:`) as a PPM image.
     Framebuffer(cli::framebuffer::FramebufferArgs),
-    /// Connect and report success (`connected to HOST:PORT`).
-    Connect,
+    /// Connect to HOST[:PORT] (port 5555 if omitted) and remember it: later
+    /// commands without -s use it when it is the only one.
+    Connect {
+        #[arg(value_name = "HOST[:PORT]")]
+        address: Option<String>,
+    },
+    /// Forget a connected device, or all of them.
+    Disconnect {
+        #[arg(value_name = "HOST[:PORT]")]
+        address: Option<String>,
+    },
+    /// Connect to the device anew and report its state.
+    Reconnect,
+    /// Print the serial of the device a command would use.
+    GetSerialno,
+    /// Print the device path (`usb:BUS-PORT` for USB, `unknown` over TCP).
+    GetDevpath,
+    /// Reboot the device, optionally into TARGET (bootloader, recovery...).
+    Reboot {
+        #[arg(value_name = "TARGET")]
+        target: Option<String>,
+    },
+    /// Print the device's system log (`logcat` on the device; oxadbd serves
+    /// it from journald, syslog or the kernel log).
+    Logcat {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Ask adbd to run as root (oxadbd answers whether it does).
+    Root,
+    /// Ask adbd to run as non-root.
+    Unroot,
+    /// Remount partitions read-write (oxadbd answers that it is not needed).
+    Remount,
+    /// Turn Android's dm-verity off (answered by the device).
+    DisableVerity,
+    /// Turn Android's dm-verity on (answered by the device).
+    EnableVerity,
+    /// Make the device listen for TCP connections on PORT.
+    Tcpip {
+        #[arg(value_name = "PORT")]
+        port: Option<String>,
+    },
+    /// Make the device serve over USB again.
+    Usb,
+    /// adb's `sync` of $ANDROID_PRODUCT_OUT: refused (no Android partitions).
+    Sync {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// End the background forwarders and forget connected devices (there is
+    /// no server to kill).
+    KillServer,
+    /// Nothing to start: succeeds, so adb scripts run unchanged.
+    StartServer,
+    /// A background forward (started by `oxadb forward`).
+    #[command(name = "__forwarder", hide = true)]
+    Forwarder(cli::forward::ForwarderArgs),
+    /// `wait-for[-usb|-local|-any]-STATE`, and anything else adb knows.
+    #[command(external_subcommand)]
+    External(Vec<String>),
     /// List the features the device advertises, and whether burst mode is in use.
     Features,
     /// Print the device state (`device`), or fail if it cannot be reached.
@@ -135,8 +196,49 @@ fn keygen(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Splits off the words after `logcat`, which are logcat's own options
+/// (`-s TAG`, `-v long`), not oxadb's global ones.
+fn split_logcat(argv: Vec<std::ffi::OsString>) -> (Vec<std::ffi::OsString>, Vec<String>) {
+    let mut index = 1;
+    while index < argv.len() {
+        let word = argv[index].to_string_lossy();
+        if !word.starts_with('-') {
+            if word == "logcat" {
+                let rest = argv[index + 1..]
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                return (argv[..=index].to_vec(), rest);
+            }
+            break;
+        }
+        // Global options that take a value as the next word.
+        if ["-s", "--serial", "--credit", "--memory-budget"].contains(&word.as_ref()) {
+            index += 1;
+        }
+        index += 1;
+    }
+    (argv, Vec::new())
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let (argv, logcat_args) = split_logcat(std::env::args_os().collect());
+    let mut args = match Args::try_parse_from(argv) {
+        Ok(args) => args,
+        Err(error) => {
+            let _ = error.print();
+            // adb exits 1 on a usage error; --help and --version are no error.
+            return match error.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::FAILURE,
+            };
+        }
+    };
+    if let Command::Logcat { args: words } = &mut args.command {
+        words.extend(logcat_args);
+    }
     oxadb_io::tune_allocator();
     // nusb reports through `log` what oxadb already turns into errors (a
     // busy interface, a vanished device): only -v shows it.
@@ -194,7 +296,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<i32> {
+async fn run(mut args: Args) -> anyhow::Result<i32> {
     if let Command::Version = args.command {
         println!("oxadb version {}", env!("CARGO_PKG_VERSION"));
         if let Ok(path) = std::env::current_exe() {
@@ -222,10 +324,84 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         )));
     }
     options.ack_headroom = !args.no_ack_headroom;
-    if let Command::Devices(devices) = &args.command {
-        return cli::devices::devices(args.serial.as_deref(), &options, devices).await;
+    // Commands that need no device, or pick it themselves.
+    match &args.command {
+        Command::Connect { address } => {
+            return cli::connect::connect(address.as_deref(), &options).await
+        }
+        Command::Disconnect { address } => return cli::connect::disconnect(address.as_deref()),
+        Command::KillServer => return cli::connect::kill_server(),
+        Command::Devices(devices) => {
+            let connected = cli::state::State::load()?.devices;
+            return cli::devices::devices(args.serial.as_deref(), &connected, &options, devices)
+                .await;
+        }
+        Command::StartServer => return Ok(0),
+        Command::External(words) => {
+            let name = words.first().map(String::as_str).unwrap_or("");
+            if let Some(code) = cli::device_services::refuse_android_only(name) {
+                return Ok(code);
+            }
+            if !name.starts_with("wait-for-") {
+                eprintln!("oxadb: unknown command {name} (see `oxadb --help`)");
+                return Ok(1);
+            }
+        }
+        Command::Sync { .. } => return Ok(cli::device_services::sync()),
+        Command::Tcpip { port } => {
+            if let Err(message) = cli::device_services::tcpip_service(port.as_deref()) {
+                eprintln!("{message}");
+                return Ok(1);
+            }
+        }
+        Command::Forward(forward) => {
+            if let Some(code) = cli::forward::manage(forward)? {
+                return Ok(code);
+            }
+        }
+        _ => {}
     }
-    let device = Device::connect_serial(args.serial.as_deref(), &options).await?;
+    let serial = match args.serial.clone() {
+        Some(serial) => Some(serial),
+        // As adb's server: the only connected device when none is named.
+        None => {
+            let devices = cli::state::State::load()?.devices;
+            match devices.as_slice() {
+                [] => None,
+                [only] => Some(only.clone()),
+                _ => anyhow::bail!(
+                    "more than one device/emulator ({}): pick one with -s SERIAL",
+                    devices.join(", ")
+                ),
+            }
+        }
+    };
+    let serial = serial.as_deref();
+    match &args.command {
+        Command::Reconnect => return cli::connect::reconnect(serial, &options).await,
+        Command::External(words) => {
+            let name = words.first().map(String::as_str).unwrap_or("");
+            if let Some(result) = cli::connect::wait_for(name, serial, &options).await {
+                return result;
+            }
+            unreachable!("only wait-for-* gets here")
+        }
+        _ => {}
+    }
+    if matches!(&args.command, Command::Forward(forward) if !forward.foreground) {
+        let target = oxadb::resolve(serial).await?;
+        let serial = target.serial().to_string();
+        let Command::Forward(forward) = std::mem::replace(&mut args.command, Command::StartServer)
+        else {
+            unreachable!("matched above")
+        };
+        // Blocking: it waits on the lock and for the forwarder to listen.
+        return tokio::task::spawn_blocking(move || {
+            cli::forward::start_background(&serial, &forward)
+        })
+        .await?;
+    }
+    let device = Device::connect_serial(serial, &options).await?;
     let code = match &args.command {
         Command::Shell(shell) => cli::shell::shell(&device, shell).await?,
         Command::ExecOut(exec) => cli::shell::exec_out(&device, exec).await?,
@@ -238,14 +414,11 @@ async fn run(args: Args) -> anyhow::Result<i32> {
             0
         }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,
+        Command::Forwarder(forwarder) => cli::forward::forwarder(&device, forwarder).await?,
         Command::Reverse(reverse) => cli::reverse::reverse(&device, reverse).await?,
         Command::Raw(raw) => cli::raw::raw(&device, raw).await?,
         Command::Framebuffer(framebuffer) => {
             cli::framebuffer::framebuffer(&device, framebuffer).await?
-        }
-        Command::Connect => {
-            println!("connected to {}", device.serial());
-            0
         }
         Command::Features => {
             for feature in device.features() {
@@ -261,7 +434,35 @@ async fn run(args: Args) -> anyhow::Result<i32> {
             println!("device");
             0
         }
-        Command::Version | Command::Keygen { .. } | Command::Devices(_) => {
+        Command::GetSerialno => cli::connect::get("get-serialno", &device).await?,
+        Command::GetDevpath => cli::connect::get("get-devpath", &device).await?,
+        Command::Reboot { target } => {
+            cli::device_services::reboot(&device, target.as_deref()).await?
+        }
+        Command::Logcat { args } => cli::shell::logcat(&device, args).await?,
+        Command::Root => cli::device_services::one_shot(&device, "root:").await?,
+        Command::Unroot => cli::device_services::one_shot(&device, "unroot:").await?,
+        Command::Remount => cli::device_services::one_shot(&device, "remount:").await?,
+        Command::DisableVerity => {
+            cli::device_services::one_shot(&device, "disable-verity:").await?
+        }
+        Command::EnableVerity => cli::device_services::one_shot(&device, "enable-verity:").await?,
+        Command::Tcpip { port } => {
+            let service =
+                cli::device_services::tcpip_service(port.as_deref()).map_err(anyhow::Error::msg)?;
+            cli::device_services::one_shot(&device, &service).await?
+        }
+        Command::Usb => cli::device_services::one_shot(&device, "usb:").await?,
+        Command::Version
+        | Command::Keygen { .. }
+        | Command::Devices(_)
+        | Command::Connect { .. }
+        | Command::Disconnect { .. }
+        | Command::Reconnect
+        | Command::KillServer
+        | Command::StartServer
+        | Command::Sync { .. }
+        | Command::External(_) => {
             unreachable!("handled above")
         }
     };

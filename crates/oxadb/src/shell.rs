@@ -27,6 +27,12 @@ pub struct ShellOptions {
     pub pty: bool,
     /// `TERM` for the remote side (sent only with shell protocol v2).
     pub term: Option<String>,
+    /// Never use shell protocol v2, even when the device offers it (`adb
+    /// shell -x`): stderr mixed into stdout, no exit status.
+    pub no_v2: bool,
+    /// Send neither `raw` nor `pty` and let the device choose, as adb's
+    /// `send_shell_command` (logcat) does (client/commandline.cpp).
+    pub default_type: bool,
 }
 
 /// One piece of output from a [`ShellSession`].
@@ -69,7 +75,9 @@ pub fn shell_service(command: &str, options: &ShellOptions, v2: bool) -> String 
     if let Some(term) = &options.term {
         args.push(format!("TERM={term}"));
     }
-    args.push(if options.pty { "pty" } else { "raw" }.to_string());
+    if !options.default_type {
+        args.push(if options.pty { "pty" } else { "raw" }.to_string());
+    }
     format!("shell,{}:{command}", args.join(","))
 }
 
@@ -80,7 +88,7 @@ impl Device {
         command: &str,
         options: &ShellOptions,
     ) -> Result<ShellSession> {
-        let v2 = self.has_feature(feature::SHELL_V2);
+        let v2 = !options.no_v2 && self.has_feature(feature::SHELL_V2);
         let service = shell_service(command, options, v2);
         let stream = self.open(&service).await?;
         let (reader, writer) = tokio::io::split(stream);
@@ -272,10 +280,21 @@ mod tests {
         let pty = ShellOptions {
             pty: true,
             term: Some("xterm-256color".into()),
+            ..ShellOptions::default()
         };
         assert_eq!(
             shell_service("", &pty, true),
             "shell,v2,TERM=xterm-256color,pty:"
+        );
+        // adb's logcat: TERM but no type, so the device picks.
+        let logcat = ShellOptions {
+            term: Some("xterm".into()),
+            default_type: true,
+            ..ShellOptions::default()
+        };
+        assert_eq!(
+            shell_service("exec logcat", &logcat, true),
+            "shell,v2,TERM=xterm:exec logcat"
         );
     }
 }

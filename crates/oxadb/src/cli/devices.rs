@@ -25,6 +25,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// without it the default `127.0.0.1:5555` is listed when it answers.
 pub async fn devices(
     serial: Option<&str>,
+    connected: &[String],
     options: &ConnectOptions,
     args: &DevicesArgs,
 ) -> anyhow::Result<i32> {
@@ -43,6 +44,8 @@ pub async fn devices(
     // The TCP device a command would go to, if any: `-s host:port` (or a
     // bare host no USB device has as serial), or the default.
     let socket = match serial {
+        // With devices `connect`ed, commands go to them, not the default.
+        None if !connected.is_empty() => None,
         None => Some(Target::Tcp(target::DEFAULT_TCP.to_string())),
         Some(serial) => match target::choose(Some(serial), &usb) {
             Ok(target @ (Target::Tcp(_) | Target::Vsock(_))) => Some(target),
@@ -50,7 +53,18 @@ pub async fn devices(
         },
     };
     let mut targets: Vec<Target> = usb.into_iter().map(|d| Target::Usb(Box::new(d))).collect();
-    targets.extend(socket);
+    // The devices `oxadb connect` added, listed even when they do not
+    // answer (`offline`), as adb's server lists its TCP transports.
+    let remembered = targets.len();
+    for address in connected {
+        targets.push(Target::Tcp(address.clone()));
+    }
+    let remembered = remembered..targets.len();
+    if let Some(socket) = socket {
+        if !connected.iter().any(|c| c == socket.serial()) {
+            targets.push(socket);
+        }
+    }
     let mut options = options.clone();
     options.timeout = PROBE_TIMEOUT;
     let mut probes = tokio::task::JoinSet::new();
@@ -64,12 +78,13 @@ pub async fn devices(
         states[index] = Some(state);
     }
     println!("List of devices attached");
-    for (target, state) in targets.iter().zip(states) {
+    for (index, (target, state)) in targets.iter().zip(states).enumerate() {
         let state = state.expect("every probe ends");
         if let DeviceState::Offline(reason) = &state {
             tracing::debug!(serial = target.serial(), reason, "offline");
-            // A socket address nothing listens on is no device at all.
-            if matches!(target, Target::Tcp(_) | Target::Vsock(_)) {
+            // A socket address nothing listens on is no device at all,
+            // unless `connect` added it.
+            if matches!(target, Target::Tcp(_) | Target::Vsock(_)) && !remembered.contains(&index) {
                 continue;
             }
         }

@@ -50,6 +50,8 @@ pub async fn reverse(device: &Device, args: &ReverseArgs) -> anyhow::Result<i32>
             // adb's format, `(reverse)` in place of a device serial.
             println!("(reverse) {} {}", entry.device, entry.host);
         }
+        // adb prints the device's reply and a newline after it.
+        println!();
         return Ok(0);
     }
     if let Some(spec) = &args.remove {

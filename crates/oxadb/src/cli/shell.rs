@@ -16,6 +16,17 @@ pub struct ShellArgs {
     /// Never allocate a pty.
     #[arg(short = 'T', conflicts_with = "pty")]
     no_pty: bool,
+    /// Do not read stdin (as if it were /dev/null).
+    #[arg(short = 'n')]
+    no_stdin: bool,
+    /// No shell protocol: stderr mixed into stdout, exit status always 0
+    /// (adb's -x, for old devices' behaviour).
+    #[arg(short = 'x')]
+    no_shell_protocol: bool,
+    /// Escape character for an interactive pty session, or `none`; accepted
+    /// for adb compatibility, oxadb handles no escape sequences.
+    #[arg(short = 'e', value_name = "ESC")]
+    escape: Option<String>,
     /// Command to run; an interactive login shell when omitted. Words are
     /// joined with spaces and interpreted by the device's shell, as adb does.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -62,7 +73,12 @@ fn window_size() -> Option<termios::Winsize> {
 /// Runs a shell command; returns the exit status to exit with (the remote one).
 pub async fn shell(device: &Device, args: &ShellArgs) -> anyhow::Result<i32> {
     let command = args.command.join(" ");
-    let stdin_tty = termios::isatty(std::io::stdin());
+    let stdin_tty = !args.no_stdin && termios::isatty(std::io::stdin());
+    if args.pty == 1 && !stdin_tty {
+        // adb's words (client/commandline.cpp).
+        eprintln!("Remote PTY will not be allocated because stdin is not a terminal.");
+        eprintln!("Use multiple -t options to force remote PTY allocation.");
+    }
     // adb's rule: a pty for an interactive shell on a terminal; -t asks for one
     // when stdin is a terminal, -tt forces one, -T refuses one.
     let pty =
@@ -70,8 +86,45 @@ pub async fn shell(device: &Device, args: &ShellArgs) -> anyhow::Result<i32> {
     let options = ShellOptions {
         pty,
         term: std::env::var("TERM").ok(),
+        no_v2: args.no_shell_protocol,
+        default_type: false,
     };
-    let session = device.shell_session(&command, &options).await?;
+    run(device, &command, &options, !args.no_stdin).await
+}
+
+/// `oxadb logcat [ARGS]`: adb's service line, `export ANDROID_LOG_TAGS=...;
+/// exec logcat ARGS` with every word quoted (client/commandline.cpp), run
+/// with the device's default shell type; stdin is not read.
+pub async fn logcat(device: &Device, args: &[String]) -> anyhow::Result<i32> {
+    let tags = std::env::var("ANDROID_LOG_TAGS").unwrap_or_default();
+    let mut command = format!("export ANDROID_LOG_TAGS=\"{}\"; exec logcat", quote(&tags));
+    for arg in args {
+        command.push(' ');
+        command.push_str(&quote(arg));
+    }
+    let options = ShellOptions {
+        pty: false,
+        term: std::env::var("TERM").ok(),
+        no_v2: false,
+        default_type: true,
+    };
+    run(device, &command, &options, false).await
+}
+
+/// Single-quotes a word for the device's shell, as adb's `escape_arg`.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+async fn run(
+    device: &Device,
+    command: &str,
+    options: &ShellOptions,
+    read_stdin: bool,
+) -> anyhow::Result<i32> {
+    let pty = options.pty;
+    let stdin_tty = read_stdin && termios::isatty(std::io::stdin());
+    let session = device.shell_session(command, options).await?;
     let v2 = session.is_v2();
     let (mut reader, mut writer) = session.into_split();
     let _raw = if pty && stdin_tty {
@@ -88,12 +141,16 @@ pub async fn shell(device: &Device, args: &ShellArgs) -> anyhow::Result<i32> {
     }
     // Without shell protocol v2 nothing can signal end of input, so stdin is
     // only forwarded when it is a terminal or v2 is available (adb does the same).
-    let forward_stdin = v2 || stdin_tty;
+    let forward_stdin = read_stdin && (v2 || stdin_tty);
+    let close_at_once = !read_stdin && v2;
     let input = tokio::spawn(async move {
         let mut winch =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
         let mut stdin = tokio::io::stdin();
         let mut buf = vec![0u8; 64 * 1024];
+        if close_at_once {
+            let _ = writer.close_stdin().await;
+        }
         if forward_stdin {
             loop {
                 tokio::select! {
@@ -150,4 +207,14 @@ pub async fn exec_out(device: &Device, args: &ExecOutArgs) -> anyhow::Result<i32
     use tokio::io::AsyncWriteExt;
     stdout.flush().await?;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn words_are_quoted_as_adbs_escape_arg() {
+        assert_eq!(super::quote(""), "''");
+        assert_eq!(super::quote("-d"), "'-d'");
+        assert_eq!(super::quote("it's"), "'it'\\''s'");
+    }
 }

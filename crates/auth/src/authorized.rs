@@ -39,7 +39,7 @@ impl AuthorizedKeys {
         let bytes = std::fs::read(path).map_err(|source| KeyError::Io {
             path: path.to_path_buf(),
             action: "read the authorized keys",
-            source,
+            cause: source,
         })?;
         Ok(Self::parse_at(
             &String::from_utf8_lossy(&bytes),

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// A key file or directory could not be read, created or written.
-    #[error("{}: cannot {action}: {source}", path.display())]
+    /// The cause is in the message, so it is not also the `source()`
+    /// (chain printers would show it twice).
+    #[error("{}: cannot {action}: {cause}", path.display())]
     Io {
         path: PathBuf,
         action: &'static str,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The text is not a usable RSA private key in PEM form.
     #[error("{origin}: not a usable adb RSA private key: {reason}")]

@@ -44,7 +44,7 @@ fn io_error(path: &Path, action: &'static str, source: std::io::Error) -> KeyErr
     KeyError::Io {
         path: path.to_path_buf(),
         action,
-        source,
+        cause: source,
     }
 }
 

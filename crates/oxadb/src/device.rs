@@ -1,6 +1,6 @@
 //! Connecting to a device and opening streams on it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oxadb_engine::{AuthReply, Config, MemoryBudget, Role};
@@ -8,6 +8,7 @@ use oxadb_io::{AdbStream, Auth, Connection, Peer};
 use oxadb_wire::{feature, Banner};
 
 use crate::error::{Error, Result};
+use crate::first_bytes::{self, FirstBytes, Seen};
 use crate::target::{self, Target};
 use crate::usb::UsbDeviceInfo;
 
@@ -105,7 +106,20 @@ pub async fn resolve(serial: Option<&str>) -> Result<Target> {
     } else {
         Vec::new()
     };
-    target::choose(serial, &usb)
+    let chosen = target::choose(serial, &usb)?;
+    if let (Some(word), Target::Tcp(addr)) = (serial, &chosen) {
+        // A bare word no USB device has is tried as a host name; when it is
+        // not one either, say both instead of only the DNS failure.
+        if target::is_bare_word(word) {
+            if let Err(error) = tokio::net::lookup_host(addr.as_str()).await {
+                return Err(Error::NoSuchSerial {
+                    serial: word.to_string(),
+                    cause: error.to_string(),
+                });
+            }
+        }
+    }
+    Ok(chosen)
 }
 
 impl Device {
@@ -150,19 +164,29 @@ impl Device {
             format!("{addr}:5555")
         };
         let config = host_config(options);
-        let connect_error = |source| Error::Connect {
+        let connect_error = |cause| Error::Connect {
             addr: serial.clone(),
-            source,
+            cause,
         };
         let socket = tokio::time::timeout(options.timeout, tokio::net::TcpStream::connect(&serial))
             .await
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
-        let (auth, key_path) = host_auth(options)?;
+        let (auth, keys) = host_auth(options);
         let (reader, sink, label) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
+        let (reader, seen) = FirstBytes::new(reader);
         let (connection, run) = Connection::start(reader, sink, config, label, auth);
         tokio::spawn(run);
-        handshake(connection, serial, None, key_path, options, wait_for_user).await
+        handshake(
+            connection,
+            serial,
+            None,
+            keys,
+            Some(seen),
+            options,
+            wait_for_user,
+        )
+        .await
     }
 
     /// Connects to `vsock:CID[:PORT]` (another virtual machine, the host of
@@ -174,9 +198,9 @@ impl Device {
         wait_for_user: bool,
     ) -> Result<Device> {
         let serial = spec.to_string();
-        let connect_error = |source| Error::Connect {
+        let connect_error = |cause| Error::Connect {
             addr: serial.clone(),
-            source,
+            cause,
         };
         let (cid, port) = target::parse_vsock(spec)
             .map_err(|message| connect_error(std::io::Error::other(message)))?;
@@ -186,8 +210,9 @@ impl Device {
                 .await
                 .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
                 .map_err(connect_error)?;
-        let (auth, key_path) = host_auth(options)?;
+        let (auth, keys) = host_auth(options);
         let (reader, writer) = socket.into_split();
+        let (reader, seen) = FirstBytes::new(reader);
         let config = host_config(options);
         let (connection, run) = Connection::start(
             reader,
@@ -197,7 +222,16 @@ impl Device {
             auth,
         );
         tokio::spawn(run);
-        handshake(connection, serial, None, key_path, options, wait_for_user).await
+        handshake(
+            connection,
+            serial,
+            None,
+            keys,
+            Some(seen),
+            options,
+            wait_for_user,
+        )
+        .await
     }
 
     /// Claims `device`'s ADB interface and completes the handshake over its
@@ -228,14 +262,15 @@ impl Device {
         S: oxadb_io::PacketSink,
     {
         let config = host_config(options);
-        let (auth, key_path) = host_auth(options)?;
+        let (auth, keys) = host_auth(options);
         let (connection, run) = Connection::start(reader, sink, config, device.label(), auth);
         tokio::spawn(run);
         handshake(
             connection,
             device.serial.clone(),
             Some(device.clone()),
-            key_path,
+            keys,
+            None,
             options,
             wait_for_user,
         )
@@ -322,6 +357,12 @@ impl Device {
         self.connection.closed().is_some()
     }
 
+    /// Why the connection ended, if it ended without this side closing it
+    /// (the device went away mid-command): the error to report.
+    pub fn lost(&self) -> Option<Error> {
+        lost(&self.connection, &self.serial)
+    }
+
     /// Ends the connection.
     pub fn close(&self) {
         self.connection.close();
@@ -350,15 +391,49 @@ fn host_config(options: &ConnectOptions) -> Config {
     config
 }
 
-/// The AUTH responder for `options` and the public key's path (for the
-/// "unauthorized" message).
-fn host_auth(options: &ConnectOptions) -> Result<(Auth, String)> {
+/// [`Device::lost`] for a connection and the name it is reached by.
+pub(crate) fn lost(connection: &Connection, serial: &str) -> Option<Error> {
+    use oxadb_io::ConnectionError;
+    let reason = match connection.closed()? {
+        ConnectionError::Closed => return None,
+        ConnectionError::PeerClosed => "the device closed the connection".to_string(),
+        error => error.to_string(),
+    };
+    Some(Error::ConnectionLost {
+        addr: serial.to_string(),
+        reason,
+    })
+}
+
+/// What became of the host keys, which are loaded only when a device asks
+/// for them: a device that needs no key works without a usable `~/.android`.
+#[derive(Debug, Default)]
+struct KeyStatus {
+    /// `adbkey.pub`, for the "unauthorized" message.
+    public_key_path: String,
+    /// Why no key could be loaded or made, once a device asked for one.
+    failure: Option<String>,
+}
+
+type Keys = Arc<Mutex<KeyStatus>>;
+
+fn key_status(keys: &Keys) -> std::sync::MutexGuard<'_, KeyStatus> {
+    keys.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The AUTH responder for `options` and what it learns of the keys.
+fn host_auth(options: &ConnectOptions) -> (Auth, Keys) {
+    let public_key_path = oxadb_auth::default_android_dir()
+        .map(|dir| dir.join("adbkey.pub").display().to_string())
+        .unwrap_or_else(|_| "~/.android/adbkey.pub".to_string());
+    let keys = Arc::new(Mutex::new(KeyStatus {
+        public_key_path,
+        failure: None,
+    }));
     if !options.authenticate {
-        return Ok((Auth::None, String::new()));
+        return (Auth::None, keys);
     }
-    let keys = oxadb_auth::HostKeys::load_default()?;
-    let key_path = keys.public_key_path().display().to_string();
-    Ok((Auth::Host(auth_responder(keys)), key_path))
+    (Auth::Host(auth_responder(keys.clone())), keys)
 }
 
 /// Waits for the CNXN exchange on a started connection, whatever carries it.
@@ -368,33 +443,52 @@ async fn handshake(
     connection: Connection,
     serial: String,
     usb: Option<UsbDeviceInfo>,
-    key_path: String,
+    keys: Keys,
+    seen: Option<Seen>,
     options: &ConnectOptions,
     wait_for_user: bool,
 ) -> Result<Device> {
-    // Polled, as the connection has no wake-up for it; only probes ask.
-    let needs_user = async {
-        while !connection.awaiting_authorization() {
+    // Polled, as the connection has no wake-up for these: a device that asked
+    // for a key we do not have, or (probes only) one that waits for its user.
+    let stuck = async {
+        loop {
+            if key_status(&keys).failure.is_some()
+                || (!wait_for_user && connection.awaiting_authorization())
+            {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
     let outcome = tokio::select! {
         result = tokio::time::timeout(options.timeout, connection.connected()) => result.ok(),
-        () = needs_user, if !wait_for_user => None,
+        () = stuck => None,
     };
     let peer = match outcome {
         Some(Ok(peer)) => peer,
         Some(Err(error)) => {
+            let first = seen.map(|seen| seen.lock().unwrap_or_else(|e| e.into_inner()).clone());
+            if let Some(first) = first.filter(|first| not_adb(first, &error)) {
+                return Err(Error::NotAdb {
+                    addr: serial,
+                    got: first_bytes::describe(&first),
+                });
+            }
             return Err(Error::ConnectionLost {
                 addr: serial,
                 reason: error.to_string(),
-            })
+            });
+        }
+        None if key_status(&keys).failure.is_some() => {
+            connection.close();
+            let why = key_status(&keys).failure.take().unwrap_or_default();
+            return Err(Error::NoKey { addr: serial, why });
         }
         None if connection.awaiting_authorization() => {
             connection.close();
             return Err(Error::Unauthorized {
                 addr: serial,
-                key_path,
+                key_path: key_status(&keys).public_key_path.clone(),
             });
         }
         None => {
@@ -414,10 +508,49 @@ async fn handshake(
     })
 }
 
+/// Whether a handshake that ended with `error` after the peer sent `first`
+/// met something else than an ADB daemon: bytes that start no ADB packet,
+/// a packet header that is none, or a hang-up before any byte.
+fn not_adb(first: &[u8], error: &oxadb_io::ConnectionError) -> bool {
+    use oxadb_io::ConnectionError;
+    match error {
+        ConnectionError::Header(_) => true,
+        ConnectionError::PeerClosed | ConnectionError::TruncatedHeader(_) => {
+            first.is_empty() || !first_bytes::plausible(first)
+        }
+        ConnectionError::Io(io) => {
+            !first_bytes::plausible(first)
+                || (first.is_empty()
+                    && matches!(
+                        io.kind(),
+                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+                    ))
+        }
+        _ => false,
+    }
+}
+
 /// AOSP's order: sign with each key in turn; once all were refused, offer the
-/// first public key for the user to accept; after that, wait silently.
-fn auth_responder(keys: oxadb_auth::HostKeys) -> oxadb_io::AuthResponder {
+/// first public key for the user to accept; after that, wait silently. The
+/// keys are loaded (or made) at the first challenge; when that fails the
+/// handshake ends with why.
+fn auth_responder(status: Keys) -> oxadb_io::AuthResponder {
+    let mut loaded: Option<oxadb_auth::HostKeys> = None;
     Box::new(move |token: &[u8], attempt: u32| {
+        if loaded.is_none() {
+            match oxadb_auth::HostKeys::load_default() {
+                Ok(keys) => {
+                    key_status(&status).public_key_path =
+                        keys.public_key_path().display().to_string();
+                    loaded = Some(keys);
+                }
+                Err(error) => {
+                    key_status(&status).failure = Some(error.to_string());
+                    return None;
+                }
+            }
+        }
+        let keys = loaded.as_ref()?;
         let index = attempt as usize - 1;
         if let Some(key) = keys.keys().get(index) {
             match key.sign_token(token) {

@@ -1,5 +1,6 @@
 //! Errors of the host library. Each names the device address, stream or path
-//! involved and the cause.
+//! involved and the cause. A cause shown in the message is not also returned
+//! by `source()`: printers that walk the chain (anyhow's `{:#}`) would repeat it.
 
 use std::path::PathBuf;
 
@@ -7,16 +8,20 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("{addr}: device unauthorized: accept this host's key on the device (its public key is {key_path})")]
+    #[error("cannot connect to {addr}: {cause}")]
+    Connect { addr: String, cause: std::io::Error },
+    /// The device waits for its user (or its keys file) to accept our key.
+    #[error("{addr}: device unauthorized: this host's key is {key_path}; on an oxadbd device trust it with `oxadbd trust-key {key_path}` (as root, the file copied there), on an Android device accept the prompt on its screen")]
     Unauthorized { addr: String, key_path: String },
-    #[error("{addr}: no CNXN from the device within {seconds} s")]
+    /// The device asked for a key and this host has none to give.
+    #[error("{addr}: device unauthorized and this host has no key to offer ({why}); oxadb keeps its key in $HOME/.android/adbkey: set HOME to a writable directory")]
+    NoKey { addr: String, why: String },
+    #[error("{addr}: no answer to CNXN within {seconds} s (is it an ADB daemon?)")]
     HandshakeTimeout { addr: String, seconds: u64 },
-    #[error("{addr}: connection ended: {reason}")]
+    /// The peer's first bytes are no ADB packet, or it hung up at once.
+    #[error("{addr} does not speak ADB ({got})")]
+    NotAdb { addr: String, got: String },
+    #[error("lost the connection to {addr}: {reason}")]
     ConnectionLost { addr: String, reason: String },
     #[error("{addr}: device refused service {service:?}")]
     ServiceRefused { addr: String, service: String },
@@ -24,11 +29,11 @@ pub enum Error {
     #[error("{request}: {message}")]
     Reverse { request: String, message: String },
     #[error("host keys: {0}")]
-    Keys(#[from] oxadb_auth::KeyError),
-    #[error("{context}: {source}")]
+    Keys(oxadb_auth::KeyError),
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{path}: {message}")]
     Local { path: PathBuf, message: String },
@@ -46,6 +51,11 @@ pub enum Error {
     UsbPermission { device: String, vendor_id: u16 },
     #[error("device '{serial}' not found")]
     DeviceNotFound { serial: String },
+    /// A bare word (`-s WORD`) that is neither a USB serial nor a host name.
+    #[error("no device with serial {serial} (no USB device has it, and it is not a host name: {cause}); `oxadb devices` lists the devices present")]
+    NoSuchSerial { serial: String, cause: String },
+    #[error("invalid port {port} in serial '{serial}' (a TCP port is 1 to 65535)")]
+    InvalidPort { serial: String, port: String },
     #[error("more than one device ({}): pick one with -s SERIAL or ANDROID_SERIAL", .serials.join(", "))]
     MoreThanOneDevice { serials: Vec<String> },
     /// A push or pull failed: one message per failed source, each naming the
@@ -60,7 +70,13 @@ impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
         Error::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
+    }
+}
+
+impl From<oxadb_auth::KeyError> for Error {
+    fn from(error: oxadb_auth::KeyError) -> Error {
+        Error::Keys(error)
     }
 }

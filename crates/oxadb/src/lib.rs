@@ -17,6 +17,7 @@
 //! ```
 pub mod device;
 pub mod error;
+mod first_bytes;
 pub mod reverse;
 pub mod shell;
 pub mod sync;

@@ -63,7 +63,10 @@ pub struct ShellReader {
     protocol_v2: bool,
     decoder: FrameDecoder,
     finished: bool,
+    exited: bool,
     label: String,
+    connection: oxadb_io::Connection,
+    serial: String,
 }
 
 /// The service name for `command`, as adb builds it.
@@ -99,7 +102,10 @@ impl Device {
                 protocol_v2: v2,
                 decoder: FrameDecoder::new(),
                 finished: false,
+                exited: false,
                 label: label.clone(),
+                connection: self.connection().clone(),
+                serial: self.serial().to_string(),
             },
             writer: ShellWriter {
                 writer,
@@ -235,6 +241,7 @@ impl ShellReader {
                         FrameId::Stdout => return Ok(Some(ShellEvent::Stdout(frame.payload))),
                         FrameId::Stderr => return Ok(Some(ShellEvent::Stderr(frame.payload))),
                         FrameId::Exit => {
+                            self.exited = true;
                             let code = frame.payload.first().copied().unwrap_or(0);
                             return Ok(Some(ShellEvent::Exit(i32::from(code))));
                         }
@@ -246,6 +253,21 @@ impl ShellReader {
                 }
             }
             if self.finished {
+                // The stream's end is only a command's end if the connection
+                // still stands and, with v2, an exit frame came first (adb's
+                // `shell_protocol` ends every command with one).
+                if let Some(lost) = crate::device::lost(&self.connection, &self.serial) {
+                    return Err(lost);
+                }
+                if self.protocol_v2 && !self.exited {
+                    return Err(Error::ConnectionLost {
+                        addr: self.serial.clone(),
+                        reason: format!(
+                            "{} ended without an exit status",
+                            self.label.trim_start_matches(&format!("{}: ", self.serial))
+                        ),
+                    });
+                }
                 return Ok(None);
             }
             let mut buf = vec![0u8; 64 * 1024];

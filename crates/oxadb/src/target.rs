@@ -41,6 +41,8 @@ enum Spec<'a> {
     UsbSerial(&'a str),
     /// A bare word: the USB device with that serial, else `word:5555` over TCP.
     SerialOrHost(&'a str),
+    /// `host:digits` with a number that is no TCP port (`127.0.0.1:99999`).
+    BadPort(&'a str),
 }
 
 fn classify(serial: &str) -> Spec<'_> {
@@ -52,6 +54,9 @@ fn classify(serial: &str) -> Spec<'_> {
     }
     if is_tcp_address(serial) {
         return Spec::Tcp(serial);
+    }
+    if bad_port(serial).is_some() {
+        return Spec::BadPort(serial);
     }
     if serial.contains(':') {
         Spec::UsbSerial(serial)
@@ -67,7 +72,7 @@ pub fn is_tcp_address(serial: &str) -> bool {
     let Some((host, port)) = serial.rsplit_once(':') else {
         return false;
     };
-    if host.is_empty() || port.parse::<u16>().is_err() {
+    if host.is_empty() || !matches!(port.parse::<u16>(), Ok(1..)) {
         return false;
     }
     match host.strip_prefix('[') {
@@ -78,10 +83,32 @@ pub fn is_tcp_address(serial: &str) -> bool {
     }
 }
 
+/// The port of `host:PORT` when it is all digits but no TCP port (0, or
+/// above 65535): a mistyped address, not a USB serial.
+fn bad_port(serial: &str) -> Option<&str> {
+    let (host, port) = serial.rsplit_once(':')?;
+    let host_ok = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .is_some_and(|v6| v6.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => !host.is_empty() && !host.contains(':'),
+    };
+    let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    (host_ok && digits && !matches!(port.parse::<u16>(), Ok(1..))).then_some(port)
+}
+
+/// Whether `serial` is a bare word (no colon): a USB serial or a host name.
+pub fn is_bare_word(serial: &str) -> bool {
+    matches!(classify(serial), Spec::SerialOrHost(_))
+}
+
 /// Whether choosing for `serial` needs the list of USB devices: not for a
 /// `host:port`, which is TCP without looking at USB at all.
 pub fn needs_usb_list(serial: Option<&str>) -> bool {
-    !matches!(serial.map(classify), Some(Spec::Tcp(_) | Spec::Vsock(_)))
+    !matches!(
+        serial.map(classify),
+        Some(Spec::Tcp(_) | Spec::Vsock(_) | Spec::BadPort(_))
+    )
 }
 
 /// Whether a failure to list USB devices should fail the command: only when
@@ -148,6 +175,10 @@ pub fn choose(serial: Option<&str>, usb: &[UsbDeviceInfo]) -> Result<Target> {
     };
     match classify(serial) {
         Spec::Tcp(addr) => Ok(Target::Tcp(addr.to_string())),
+        Spec::BadPort(serial) => Err(Error::InvalidPort {
+            serial: serial.to_string(),
+            port: bad_port(serial).unwrap_or_default().to_string(),
+        }),
         Spec::Vsock(spec) => Ok(Target::Vsock(spec.to_string())),
         Spec::UsbPath(path) => usb
             .iter()
@@ -254,6 +285,25 @@ mod tests {
         }
         assert!(!requires_usb(Some("phone")));
         assert!(!requires_usb(None));
+    }
+
+    #[test]
+    fn an_address_with_a_bad_port_says_so_without_usb() {
+        for (serial, port) in [
+            ("127.0.0.1:99999", "99999"),
+            ("phone.lan:0", "0"),
+            ("[::1]:70000", "70000"),
+        ] {
+            assert!(!needs_usb_list(Some(serial)), "{serial}");
+            let error = choose(Some(serial), &[]).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("invalid port {port} in serial '{serial}' (a TCP port is 1 to 65535)")
+            );
+        }
+        // Serials with colons that are no address stay USB serials.
+        assert!(requires_usb(Some("de:ad:be:ef")));
+        assert!(is_bare_word("R58M123ABC") && !is_bare_word("127.0.0.1:5555"));
     }
 
     #[test]

@@ -206,6 +206,10 @@ pub async fn exec_out(device: &Device, args: &ExecOutArgs) -> anyhow::Result<i32
         .with_context(|| format!("{}: exec-out {command:?}", device.serial()))?;
     use tokio::io::AsyncWriteExt;
     stdout.flush().await?;
+    // A device that went away also ends the stream: that is no success.
+    if let Some(lost) = device.lost() {
+        return Err(lost.into());
+    }
     Ok(0)
 }
 

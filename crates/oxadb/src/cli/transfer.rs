@@ -100,14 +100,15 @@ impl PullArgs {
 #[derive(Debug, Clone, clap::Args)]
 #[command(override_usage = "oxadb pull [OPTIONS] REMOTE... [LOCAL]")]
 struct PullArgsRaw {
-    /// REMOTE... [LOCAL]: files or directories on the device, then where to
-    /// put them (default: the current directory). If LOCAL is an existing
+    /// Files or directories on the device; when there are two paths or
+    /// more, the last is LOCAL, where to put them (default: the current
+    /// directory). If LOCAL is an existing
     /// directory, each REMOTE is copied into it under its own name;
     /// otherwise a single REMOTE is copied to LOCAL itself. Directories are
     /// copied recursively, following symlinks. An existing LOCAL file is
     /// replaced only once the whole file arrived; an existing device node or
     /// FIFO (e.g. /dev/null) is written to, never replaced.
-    #[arg(value_name = "PATH", required = true, num_args = 1..)]
+    #[arg(value_name = "REMOTE", required = true, num_args = 1..)]
     paths: Vec<OsString>,
     /// Preserve the files' mtime and mode (the mode minus the umask, as adb).
     #[arg(short = 'a')]
@@ -207,7 +208,7 @@ pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
         &mut reporter,
     )
     .await;
-    reporter.conclude(result)
+    reporter.conclude(device, result)
 }
 
 /// `oxadb pull`: output as for [`push`].
@@ -226,7 +227,7 @@ pub async fn pull(device: &Device, args: &PullArgs) -> anyhow::Result<()> {
         &mut reporter,
     )
     .await;
-    reporter.conclude(result)
+    reporter.conclude(device, result)
 }
 
 /// Progress bar (stderr, terminals only), warnings and summary lines.
@@ -269,7 +270,19 @@ impl Reporter {
 
     /// adb's total line (when it differs from the last source's), then the
     /// errors: all but the last printed here, the last returned.
-    fn conclude(mut self, result: oxadb::Result<sync::TransferSummary>) -> anyhow::Result<()> {
+    fn conclude(
+        mut self,
+        device: &Device,
+        result: oxadb::Result<sync::TransferSummary>,
+    ) -> anyhow::Result<()> {
+        // A device that went away fails every file after it: say that once.
+        let result = match (result, device.lost()) {
+            (Err(error), Some(lost)) => {
+                tracing::debug!(%error, "transfer failed after the connection was lost");
+                Err(lost)
+            }
+            (result, _) => result,
+        };
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
@@ -312,19 +325,16 @@ impl Progress for Reporter {
         let bar = self.bar.get_or_insert_with(|| {
             ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
         });
-        let template = match total {
-            Some(_) => "[{bar:25}] {bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} ETA {eta:>3} {wide_msg}",
-            None => "{spinner} {bytes:>10} {binary_bytes_per_sec:>12} {wide_msg}",
-        };
-        if let Ok(style) = ProgressStyle::with_template(template) {
-            bar.set_style(style.progress_chars("=> "));
+        let (template, name) = bar_layout(terminal_width(), total.is_some(), name);
+        if let Ok(style) = ProgressStyle::with_template(&template) {
+            bar.set_style(style.progress_chars("=> ").with_key("eta_known", write_eta));
         }
         bar.reset();
         match total {
             Some(total) => bar.set_length(total),
             None => bar.unset_length(),
         }
-        bar.set_message(name.to_string());
+        bar.set_message(name);
         bar.enable_steady_tick(Duration::from_millis(200));
     }
 
@@ -352,10 +362,110 @@ impl Progress for Reporter {
     }
 }
 
+/// Columns of the counters after the bar: `{bytes:>9}/{total_bytes:<9}
+/// {binary_bytes_per_sec:>11} {eta_known:9}` ("12.34 MiB", "12.34 MiB/s",
+/// "ETA 2h03m").
+const COUNTERS_WIDTH: usize = 9 + 1 + 9 + 1 + 11 + 1 + 9;
+
+/// stderr's width in columns (80 when it has none).
+fn terminal_width() -> usize {
+    rustix::termios::tcgetwinsize(std::io::stderr())
+        .ok()
+        .map(|size| usize::from(size.ws_col))
+        .filter(|&cols| cols > 0)
+        .unwrap_or(80)
+}
+
+/// The bar's template for a terminal `width` columns wide and the name to
+/// show, cut from the left so the line never wraps (a wrapped line is
+/// redrawn below itself, and the file name, its most useful part, is lost).
+/// The last column stays free: some terminals wrap on writing it.
+fn bar_layout(width: usize, sized: bool, name: &str) -> (String, String) {
+    let usable = width.saturating_sub(1);
+    let (counters, counters_width) = if sized {
+        (
+            "{bytes:>9}/{total_bytes:<9} {binary_bytes_per_sec:>11} {eta_known:9}",
+            COUNTERS_WIDTH,
+        )
+    } else {
+        (
+            "{spinner} {bytes:>9} {binary_bytes_per_sec:>11}",
+            1 + 1 + 9 + 1 + 11,
+        )
+    };
+    let mut room = usable.saturating_sub(counters_width + 1);
+    // A bar only where the name keeps at least 20 columns beside it.
+    let bar_width = if !sized {
+        0
+    } else if room >= 25 + 3 + 30 {
+        25
+    } else if room >= 10 + 3 + 20 {
+        room - 3 - 20
+    } else {
+        0
+    };
+    let template = if bar_width > 0 {
+        room -= bar_width + 3;
+        format!("[{{bar:{bar_width}}}] {counters} {{msg}}")
+    } else {
+        format!("{counters} {{msg}}")
+    };
+    (template, truncate_left(name, room))
+}
+
+/// `text` cut to its last `width` characters, with "…" where it was cut.
+fn truncate_left(text: &str, width: usize) -> String {
+    let count = text.chars().count();
+    if count <= width {
+        return text.to_string();
+    }
+    if width == 0 {
+        return String::new();
+    }
+    let keep: String = text.chars().skip(count - (width - 1)).collect();
+    format!("…{keep}")
+}
+
+/// `{eta_known}`: nothing until a rate is known (a second of data), then
+/// the time left, e.g. `ETA 5s`, `ETA 3m05s`, `ETA 2h03m`.
+fn write_eta(state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write) {
+    if state.pos() == 0 || state.elapsed() < Duration::from_secs(1) || state.len().is_none() {
+        return;
+    }
+    let seconds = state.eta().as_secs();
+    let _ = match seconds {
+        0..=59 => write!(out, "ETA {seconds}s"),
+        60..=3599 => write!(out, "ETA {}m{:02}s", seconds / 60, seconds % 60),
+        _ => write!(
+            out,
+            "ETA {}h{:02}m",
+            (seconds / 3600).min(99),
+            seconds / 60 % 60
+        ),
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn the_bar_fits_the_terminal_and_keeps_the_file_name() {
+        let name = "/var/tmp/some/rather/long/directory/name/big-file.bin";
+        for width in [60, 80, 120, 200] {
+            let (template, shown) = bar_layout(width, true, name);
+            let bar = template.split_once("{bar:").map_or(0, |(_, rest)| {
+                rest.split('}').next().unwrap().parse().unwrap()
+            });
+            let used =
+                if bar > 0 { bar + 3 } else { 0 } + COUNTERS_WIDTH + 1 + shown.chars().count();
+            assert!(used < width, "{width}: {template} {shown}");
+            assert!(shown.ends_with("big-file.bin"), "{width}: {shown}");
+        }
+        assert_eq!(bar_layout(200, true, name).1, name);
+        assert_eq!(truncate_left("abcdef", 4), "…def");
+    }
 
     #[derive(Debug, Parser)]
     enum Cli {
@@ -429,6 +539,8 @@ mod tests {
             .render_long_help()
             .to_string();
         assert!(help.contains("REMOTE... [LOCAL]"), "{help}");
+        // One name per argument, adb's: no clap placeholder beside them.
+        assert!(!help.contains("<PATH>"), "{help}");
         assert!(help.contains("-a"), "{help}");
     }
 }

@@ -8,6 +8,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use oxadb::{ConnectOptions, Device};
 
+/// The heading of the flow-control flags: for measurements, not daily use,
+/// so only the top-level help lists them and they go before the command
+/// (`oxadb --no-burst push ...`).
+const TUNING: &str = "Tuning (before the command)";
+
 /// Android Debug Bridge host tool. Commands, flags and exit codes follow
 /// Google's adb; there is no adb server: each command connects to the device.
 #[derive(Debug, Parser)]
@@ -25,30 +30,30 @@ struct Args {
     serial: Option<String>,
     /// Classic flow control (one packet in flight per stream) even when the
     /// device supports burst mode; for comparisons.
-    #[arg(long, global = true, conflicts_with = "credit")]
+    #[arg(long, conflicts_with = "credit", help_heading = TUNING)]
     no_burst: bool,
     /// Push files with `sendfile` instead of reading them into buffers (the
     /// same as OXADB_ZERO_COPY=1); off by default, as on loopback it saved
     /// no CPU (docs/benchmarks.md).
-    #[arg(long, global = true)]
+    #[arg(long, help_heading = TUNING)]
     zero_copy: bool,
     /// Flow control: classic (one packet in flight, like --no-burst), aosp
     /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
     /// (burst mode, credit grown from the measured rate and round trip).
     #[arg(
         long,
-        global = true,
+        help_heading = TUNING,
         value_name = "classic|aosp|adaptive",
         value_parser = oxadb_io::parse_credit_mode
     )]
     credit: Option<oxadb::CreditMode>,
     /// Receive memory this process's streams may commit together (e.g. 64M)
     /// [default: 3/32 of the available memory, as Linux sizes tcp_mem].
-    #[arg(long, global = true, value_name = "SIZE", value_parser = oxadb_io::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = oxadb_io::parse_size, help_heading = TUNING)]
     memory_budget: Option<u64>,
     /// Turn off the adaptive window's headroom for clumped deliveries (for
     /// measuring what it brings).
-    #[arg(long, global = true)]
+    #[arg(long, help_heading = TUNING)]
     no_ack_headroom: bool,
     /// Log protocol details to stderr (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

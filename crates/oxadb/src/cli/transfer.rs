@@ -322,19 +322,24 @@ impl Progress for Reporter {
         if !self.interactive {
             return;
         }
+        // Drawn only once styled: indicatif's default style is wider than
+        // a narrow terminal.
         let bar = self.bar.get_or_insert_with(|| {
-            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
         });
+        bar.reset();
         let (template, name) = bar_layout(terminal_width(), total.is_some(), name);
         if let Ok(style) = ProgressStyle::with_template(&template) {
             bar.set_style(style.progress_chars("=> ").with_key("eta_known", write_eta));
         }
-        bar.reset();
         match total {
             Some(total) => bar.set_length(total),
             None => bar.unset_length(),
         }
         bar.set_message(name);
+        if bar.is_hidden() {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
         bar.enable_steady_tick(Duration::from_millis(200));
     }
 
@@ -362,10 +367,10 @@ impl Progress for Reporter {
     }
 }
 
-/// Columns of the counters after the bar: `{bytes:>9}/{total_bytes:<9}
-/// {binary_bytes_per_sec:>11} {eta_known:9}` ("12.34 MiB", "12.34 MiB/s",
+/// Columns of the counters after the bar: `{bytes:>10}/{total_bytes:<10}
+/// {binary_bytes_per_sec:>12} {eta_known:9}` ("123.45 KiB", "123.45 KiB/s",
 /// "ETA 2h03m").
-const COUNTERS_WIDTH: usize = 9 + 1 + 9 + 1 + 11 + 1 + 9;
+const COUNTERS_WIDTH: usize = 10 + 1 + 10 + 1 + 12 + 1 + 9;
 
 /// stderr's width in columns (80 when it has none).
 fn terminal_width() -> usize {
@@ -384,13 +389,13 @@ fn bar_layout(width: usize, sized: bool, name: &str) -> (String, String) {
     let usable = width.saturating_sub(1);
     let (counters, counters_width) = if sized {
         (
-            "{bytes:>9}/{total_bytes:<9} {binary_bytes_per_sec:>11} {eta_known:9}",
+            "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} {eta_known:9}",
             COUNTERS_WIDTH,
         )
     } else {
         (
-            "{spinner} {bytes:>9} {binary_bytes_per_sec:>11}",
-            1 + 1 + 9 + 1 + 11,
+            "{spinner} {bytes:>10} {binary_bytes_per_sec:>12}",
+            1 + 1 + 10 + 1 + 12,
         )
     };
     let mut room = usable.saturating_sub(counters_width + 1);

@@ -328,7 +328,7 @@ impl Progress for Reporter {
             ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
         });
         bar.reset();
-        let (template, name) = bar_layout(terminal_width(), total.is_some(), name);
+        let (template, name, _) = bar_layout(terminal_width(), total.is_some(), name);
         if let Ok(style) = ProgressStyle::with_template(&template) {
             bar.set_style(style.progress_chars("=> ").with_key("eta_known", write_eta));
         }
@@ -367,10 +367,23 @@ impl Progress for Reporter {
     }
 }
 
-/// Columns of the counters after the bar: `{bytes:>10}/{total_bytes:<10}
-/// {binary_bytes_per_sec:>12} {eta_known:9}` ("123.45 KiB", "123.45 KiB/s",
-/// "ETA 2h03m").
-const COUNTERS_WIDTH: usize = 10 + 1 + 10 + 1 + 12 + 1 + 9;
+/// The counters beside a sized bar and their columns: `123.45 KiB` for
+/// sizes, `123.45 KiB/s` for the rate, `ETA 2h03m` at the longest.
+const COUNTERS: (&str, usize) = (
+    "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} {eta_known:9}",
+    10 + 1 + 10 + 1 + 12 + 1 + 9,
+);
+/// Below 80 columns: the share done, the bytes and the ETA, so the file
+/// name keeps some 30 columns even at 60.
+const NARROW_COUNTERS: (&str, usize) = (
+    "{percent:>3}% {bytes:>10} {eta_known:9}",
+    3 + 1 + 1 + 10 + 1 + 9,
+);
+/// Without a size (a file that grows as it is read).
+const SPINNER_COUNTERS: (&str, usize) = (
+    "{spinner} {bytes:>10} {binary_bytes_per_sec:>12}",
+    1 + 1 + 10 + 1 + 12,
+);
 
 /// stderr's width in columns (80 when it has none).
 fn terminal_width() -> usize {
@@ -381,31 +394,26 @@ fn terminal_width() -> usize {
         .unwrap_or(80)
 }
 
-/// The bar's template for a terminal `width` columns wide and the name to
-/// show, cut from the left so the line never wraps (a wrapped line is
-/// redrawn below itself, and the file name, its most useful part, is lost).
-/// The last column stays free: some terminals wrap on writing it.
-fn bar_layout(width: usize, sized: bool, name: &str) -> (String, String) {
+/// The bar's template for a terminal `width` columns wide, the name to show
+/// (cut from the left so the line never wraps: a wrapped line is redrawn
+/// below itself, and the file name, its most useful part, is lost) and the
+/// columns the line takes at most. The last column stays free: some
+/// terminals wrap on writing it.
+fn bar_layout(width: usize, sized: bool, name: &str) -> (String, String, usize) {
     let usable = width.saturating_sub(1);
-    let (counters, counters_width) = if sized {
-        (
-            "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} {eta_known:9}",
-            COUNTERS_WIDTH,
-        )
-    } else {
-        (
-            "{spinner} {bytes:>10} {binary_bytes_per_sec:>12}",
-            1 + 1 + 10 + 1 + 12,
-        )
+    let (counters, counters_width) = match sized {
+        false => SPINNER_COUNTERS,
+        true if usable >= 79 => COUNTERS,
+        true => NARROW_COUNTERS,
     };
     let mut room = usable.saturating_sub(counters_width + 1);
-    // A bar only where the name keeps at least 20 columns beside it.
-    let bar_width = if !sized {
+    // A bar only where the name keeps 30 columns beside it.
+    let bar_width = if counters != COUNTERS.0 {
         0
     } else if room >= 25 + 3 + 30 {
         25
-    } else if room >= 10 + 3 + 20 {
-        room - 3 - 20
+    } else if room >= 10 + 3 + 30 {
+        room - 3 - 30
     } else {
         0
     };
@@ -415,7 +423,9 @@ fn bar_layout(width: usize, sized: bool, name: &str) -> (String, String) {
     } else {
         format!("{counters} {{msg}}")
     };
-    (template, truncate_left(name, room))
+    let name = truncate_left(name, room);
+    let used = usable - room + name.chars().count();
+    (template, name, used)
 }
 
 /// `text` cut to its last `width` characters, with "…" where it was cut.
@@ -458,17 +468,21 @@ mod tests {
     #[test]
     fn the_bar_fits_the_terminal_and_keeps_the_file_name() {
         let name = "/var/tmp/some/rather/long/directory/name/big-file.bin";
-        for width in [60, 80, 120, 200] {
-            let (template, shown) = bar_layout(width, true, name);
-            let bar = template.split_once("{bar:").map_or(0, |(_, rest)| {
-                rest.split('}').next().unwrap().parse().unwrap()
-            });
-            let used =
-                if bar > 0 { bar + 3 } else { 0 } + COUNTERS_WIDTH + 1 + shown.chars().count();
-            assert!(used < width, "{width}: {template} {shown}");
-            assert!(shown.ends_with("big-file.bin"), "{width}: {shown}");
+        for width in [40, 60, 80, 100, 120, 200] {
+            for sized in [true, false] {
+                let (template, shown, used) = bar_layout(width, sized, name);
+                assert!(used < width, "{width}: {template} {shown}");
+                assert!(shown.ends_with("big-file.bin"), "{width}: {shown}");
+                assert_eq!(
+                    template.contains("{bar:"),
+                    sized && width >= 100,
+                    "{template}"
+                );
+                assert_eq!(template.contains("ETA") || template.contains("eta"), sized);
+            }
         }
         assert_eq!(bar_layout(200, true, name).1, name);
+        assert!(bar_layout(60, true, name).1.starts_with('…'));
         assert_eq!(truncate_left("abcdef", 4), "…def");
     }
 

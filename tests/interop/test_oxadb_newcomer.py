@@ -14,6 +14,9 @@ Help: the flow-control flags appear once, under "Tuning" in the top-level
 help, and still work before the command; `pull --help` names REMOTE and
 LOCAL only.
 
+README: its first block keeps the two set-up commands, and its quick
+start's five lines run as printed against a fresh daemon.
+
 Progress: push and pull of 8 MiB in a pseudo-terminal 60 and 120 columns
 wide, slowed by a FIFO read 256 KiB per 0.1 s (the daemon writes pushes
 into an existing FIFO, oxadb pulls into one): no line reaches the width,
@@ -25,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import pwd
 import re
 import select
 import signal
@@ -39,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from adbproto import A_CLSE, A_CNXN, A_OKAY, A_OPEN, A_VERSION, A_WRTE, HEADER, MAX_PAYLOAD, packet
-from harness import ANSI, clean_env, free_port, resolve_oxadb, write_random
+from harness import ANSI, REPO, clean_env, free_port, resolve_oxadb, write_random
 
 TUNING_FLAGS = ("--no-burst", "--credit", "--memory-budget", "--no-ack-headroom", "--zero-copy")
 
@@ -403,3 +407,64 @@ def test_the_progress_bar_fits_the_terminal(fresh_daemon, home, tmp_path, direct
         assert all(f.startswith("[") for f in frames), frames[:3]
     else:
         assert all("…" in f for f in frames), frames[:3]
+
+
+# --- the README's quick start ---------------------------------------------------
+
+def readme_quick_start() -> list[str]:
+    """The command lines of README.md's quick start: the first `sh` block
+    after "**Quick start**", read from the README itself."""
+    text = (REPO / "README.md").read_text()
+    assert "**Quick start**" in text, "README.md has no quick start"
+    after = text.split("**Quick start**", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", after, re.S)
+    assert block, "no sh block after the quick start"
+    lines = [line for line in block.group(1).splitlines() if line.strip()]
+    assert len(lines) == 5, lines
+    return lines
+
+
+def test_the_readme_first_block_keeps_its_two_set_up_commands():
+    text = (REPO / "README.md").read_text()
+    first = re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
+    assert [line.split("#")[0].strip() for line in first] == [
+        "cargo run --release --bin oxadbd", "./scripts/test.sh"], first
+
+
+def test_the_readme_quick_start_works_as_printed(fresh_daemon, home, tmp_path):
+    """Runs the quick start's lines in one bash, in the repository, against a
+    fresh daemon. Substituted, and nothing else: the README's port 5555 by
+    the daemon's free port, `/tmp/` by this test's directory (the device is
+    this machine: parallel runs must not share files), and
+    `$PWD/target/release` by the directory of the oxadb under test ($OXADB,
+    the same directory by default)."""
+    d = fresh_daemon("readme", rust_log=None)
+    lines = readme_quick_start()
+    device_tmp = tmp_path / "device-tmp"
+    device_tmp.mkdir()
+    script = ["set -euo pipefail"]
+    for number, line in enumerate(lines):
+        assert "127.0.0.1:5555" in line or "5555" not in line, line
+        line = (line.replace("127.0.0.1:5555", d.serial)
+                .replace("/tmp/", f"{device_tmp}/")
+                .replace("$PWD/target/release", str(resolve_oxadb().parent)))
+        script += [f"echo '::line {number}'", line]
+    cp = subprocess.run(["bash", "-c", "\n".join(script)], cwd=REPO, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
+                        env=clean_env(HOME=str(home)))
+    out = cp.stdout.decode("utf-8", "replace")
+    assert cp.returncode == 0, out
+    parts = re.split(r"^::line (\d+)\n", out, flags=re.M)[1:]
+    said = {int(parts[i]): parts[i + 1] for i in range(0, len(parts), 2)}
+    assert sorted(said) == list(range(len(lines))), out
+    user = pwd.getpwuid(os.getuid())
+    shell_line = next(i for i, line in enumerate(lines) if " shell " in line)
+    assert said[shell_line] == f"{user.pw_name}\n{user.pw_dir}\n", said[shell_line]
+    push_line = next(i for i, line in enumerate(lines) if " push " in line)
+    pull_line = next(i for i, line in enumerate(lines) if " pull " in line)
+    assert "1 file pushed" in said[push_line], said[push_line]
+    assert "1 file pulled" in said[pull_line], said[pull_line]
+    copies = sorted(device_tmp.iterdir())
+    assert len(copies) == 2, copies
+    for copy in copies:
+        assert copy.read_bytes() == (REPO / "README.md").read_bytes(), copy

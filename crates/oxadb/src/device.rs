@@ -405,13 +405,14 @@ pub(crate) fn lost(connection: &Connection, serial: &str) -> Option<Error> {
     })
 }
 
-/// What became of the host keys, which are loaded only when a device asks
-/// for them: a device that needs no key works without a usable `~/.android`.
+/// What became of the host keys. Keys that cannot be loaded or made (no
+/// writable HOME) fail only a device that asks for one: a device that
+/// needs no key works without a usable `~/.android`.
 #[derive(Debug, Default)]
 struct KeyStatus {
     /// `adbkey.pub`, for the "unauthorized" message.
     public_key_path: String,
-    /// Why no key could be loaded or made, once a device asked for one.
+    /// Why there are no keys, set once a device asked for one.
     failure: Option<String>,
 }
 
@@ -421,19 +422,24 @@ fn key_status(keys: &Keys) -> std::sync::MutexGuard<'_, KeyStatus> {
     keys.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The AUTH responder for `options` and what it learns of the keys.
+/// The AUTH responder for `options` and what it learns of the keys. The
+/// keys are loaded (`adbkey` made if missing) here, before the handshake's
+/// clock runs, as making one takes a while.
 fn host_auth(options: &ConnectOptions) -> (Auth, Keys) {
-    let public_key_path = oxadb_auth::default_android_dir()
-        .map(|dir| dir.join("adbkey.pub").display().to_string())
-        .unwrap_or_else(|_| "~/.android/adbkey.pub".to_string());
-    let keys = Arc::new(Mutex::new(KeyStatus {
-        public_key_path,
+    let status = Arc::new(Mutex::new(KeyStatus {
+        public_key_path: "~/.android/adbkey.pub".to_string(),
         failure: None,
     }));
     if !options.authenticate {
-        return (Auth::None, keys);
+        return (Auth::None, status);
     }
-    (Auth::Host(auth_responder(keys.clone())), keys)
+    let keys = oxadb_auth::HostKeys::load_default().map_err(|error| error.to_string());
+    if let Ok(keys) = &keys {
+        key_status(&status).public_key_path = keys.public_key_path().display().to_string();
+    } else if let Ok(dir) = oxadb_auth::default_android_dir() {
+        key_status(&status).public_key_path = dir.join("adbkey.pub").display().to_string();
+    }
+    (Auth::Host(auth_responder(keys, status.clone())), status)
 }
 
 /// Waits for the CNXN exchange on a started connection, whatever carries it.
@@ -531,26 +537,20 @@ fn not_adb(first: &[u8], error: &oxadb_io::ConnectionError) -> bool {
 }
 
 /// AOSP's order: sign with each key in turn; once all were refused, offer the
-/// first public key for the user to accept; after that, wait silently. The
-/// keys are loaded (or made) at the first challenge; when that fails the
-/// handshake ends with why.
-fn auth_responder(status: Keys) -> oxadb_io::AuthResponder {
-    let mut loaded: Option<oxadb_auth::HostKeys> = None;
+/// first public key for the user to accept; after that, wait silently.
+/// Without keys (`Err`: why) the first challenge ends the handshake with why.
+fn auth_responder(
+    keys: std::result::Result<oxadb_auth::HostKeys, String>,
+    status: Keys,
+) -> oxadb_io::AuthResponder {
     Box::new(move |token: &[u8], attempt: u32| {
-        if loaded.is_none() {
-            match oxadb_auth::HostKeys::load_default() {
-                Ok(keys) => {
-                    key_status(&status).public_key_path =
-                        keys.public_key_path().display().to_string();
-                    loaded = Some(keys);
-                }
-                Err(error) => {
-                    key_status(&status).failure = Some(error.to_string());
-                    return None;
-                }
+        let keys = match &keys {
+            Ok(keys) => keys,
+            Err(why) => {
+                key_status(&status).failure = Some(why.clone());
+                return None;
             }
-        }
-        let keys = loaded.as_ref()?;
+        };
         let index = attempt as usize - 1;
         if let Some(key) = keys.keys().get(index) {
             match key.sign_token(token) {

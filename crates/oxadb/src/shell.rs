@@ -120,7 +120,9 @@ impl Device {
         let mut session = self
             .shell_session(command, &ShellOptions::default())
             .await?;
-        session.close_stdin().await?;
+        // A command that needs no input may have finished and closed the
+        // stream already; its output and exit status are still to be read.
+        let _ = session.close_stdin().await;
         let mut output = ShellOutput::default();
         while let Some(event) = session.next_event().await? {
             match event {

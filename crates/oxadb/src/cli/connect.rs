@@ -23,7 +23,7 @@ fn with_port(address: &str) -> String {
 /// An error's cause in adb's (strerror) words: no "(os error N)".
 fn cause(error: &Error) -> String {
     let text = match error {
-        Error::Connect { source, .. } => source.to_string(),
+        Error::Connect { cause, .. } => cause.to_string(),
         other => other.to_string(),
     };
     match text.find(" (os error") {

@@ -168,11 +168,13 @@ impl Device {
             addr: serial.clone(),
             cause,
         };
+        // Keys first: making one takes a while (seconds in a debug build),
+        // which must not eat into the device's time limit for our CNXN.
+        let (auth, keys) = host_auth(options);
         let socket = tokio::time::timeout(options.timeout, tokio::net::TcpStream::connect(&serial))
             .await
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
-        let (auth, keys) = host_auth(options);
         let (reader, sink, label) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
         let (reader, seen) = FirstBytes::new(reader);
         let (connection, run) = Connection::start(reader, sink, config, label, auth);
@@ -205,12 +207,12 @@ impl Device {
         let (cid, port) = target::parse_vsock(spec)
             .map_err(|message| connect_error(std::io::Error::other(message)))?;
         let address = tokio_vsock::VsockAddr::new(cid, port);
+        let (auth, keys) = host_auth(options);
         let socket =
             tokio::time::timeout(options.timeout, tokio_vsock::VsockStream::connect(address))
                 .await
                 .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
                 .map_err(connect_error)?;
-        let (auth, keys) = host_auth(options);
         let (reader, writer) = socket.into_split();
         let (reader, seen) = FirstBytes::new(reader);
         let config = host_config(options);

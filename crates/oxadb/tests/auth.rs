@@ -149,16 +149,21 @@ fn unauthorized_device_is_a_clear_error() {
 
 #[test]
 fn devices_shows_unauthorized_without_waiting_for_the_user() {
-    let started = std::time::Instant::now();
-    let (output, _home, addr) = run_command(&["devices"], |mut socket, _home| {
+    // Timed from the key offer: making the fresh HOME's adbkey before it
+    // takes seconds in a debug build.
+    let offered = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let offered_at = offered.clone();
+    let (output, _home, addr) = run_command(&["devices"], move |mut socket, _home| {
         read_packet(&mut socket);
         send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(6)));
         assert_eq!(read_packet(&mut socket).arg0, AUTH_SIGNATURE);
         send(&mut socket, Packet::new(Cmd::Auth, AUTH_TOKEN, 0, token(7)));
         assert_eq!(read_packet(&mut socket).arg0, AUTH_RSAPUBLICKEY);
+        *offered_at.lock().unwrap() = Some(std::time::Instant::now());
         let mut rest = Vec::new();
         let _ = socket.read_to_end(&mut rest);
     });
+    let started = offered.lock().unwrap().expect("the key was offered");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),

@@ -284,6 +284,15 @@ def test_background_forwarders(fresh_daemon, oxadb):
         r = oxadb("forward", "--remove", f"tcp:{a}")
         assert (r.returncode, r.stderr) == (1, f"adb: error: listener 'tcp:{a}' not found\n"), r
         assert roundtrip(b, b"still there") == b"still there"
+        # tcp:0: the port printed is the one listed and removed, as adb 29 does.
+        r = oxadb("-s", d.serial, "forward", "tcp:0", f"tcp:{echo.port}", timeout=30)
+        assert r.returncode == 0, r
+        c = int(r.stdout)
+        assert roundtrip(c, b"any port") == b"any port"
+        assert f"{d.serial} tcp:{c} tcp:{echo.port}\n" in oxadb("forward", "--list").stdout
+        r = oxadb("forward", "--remove", f"tcp:{c}")
+        assert (r.returncode, r.stderr) == (0, ""), r
+        assert refused(c)
         r = oxadb("kill-server")
         assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r
         assert forwarder_pids(oxadb.state_dir) == []

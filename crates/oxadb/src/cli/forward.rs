@@ -188,6 +188,12 @@ pub fn start_background(serial: &str, args: &ForwardArgs) -> anyhow::Result<i32>
     let pid = child.id();
     // Never waited for: it lives on in its own session; init reaps it.
     drop(child);
+    // adb lists a `tcp:0` forward under the port it got, and removes it by that name.
+    let local = if local == "tcp:0" {
+        format!("tcp:{port}")
+    } else {
+        local.clone()
+    };
     locked.state.forwarders.push(Forwarder {
         pid,
         serial: serial.to_string(),

@@ -81,7 +81,8 @@ def test_a_refused_port_is_named_with_its_cause_once(home):
     port = free_port()
     line = one_error(oxadb(home, "-s", f"127.0.0.1:{port}", "shell", "true"))
     assert line == (f"oxadb: error: cannot connect to 127.0.0.1:{port}: "
-                    "Connection refused (os error 111)"), line
+                    "Connection refused (os error 111); nothing listens there: is the daemon "
+                    "running (`oxadbd --listen ADDR:PORT` on the device)?"), line
 
 
 def test_an_invalid_port_says_so_without_looking_at_usb(home):

@@ -8,7 +8,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("cannot connect to {addr}: {cause}")]
+    #[error("cannot connect to {addr}: {cause}{}", connect_hint(cause))]
     Connect { addr: String, cause: std::io::Error },
     /// The device waits for its user (or its keys file) to accept our key.
     #[error("{addr}: device unauthorized: this host's key is {key_path}; on an oxadbd device trust it with `oxadbd trust-key {key_path}` (as root, the file copied there), on an Android device accept the prompt on its screen")]
@@ -78,5 +78,15 @@ impl Error {
 impl From<oxadb_auth::KeyError> for Error {
     fn from(error: oxadb_auth::KeyError) -> Error {
         Error::Keys(error)
+    }
+}
+
+/// The next step after a failed connect, where the cause points to one.
+fn connect_hint(cause: &std::io::Error) -> &'static str {
+    match cause.kind() {
+        std::io::ErrorKind::ConnectionRefused => {
+            "; nothing listens there: is the daemon running (`oxadbd --listen ADDR:PORT` on the device)?"
+        }
+        _ => "",
     }
 }

@@ -64,8 +64,9 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List the USB devices with an ADB interface and the TCP device in use,
-    /// with their state (device, unauthorized, offline, busy, no permissions).
+    /// List the USB devices with an ADB interface, the TCP devices `connect`
+    /// added (or -s names), with their state (device, unauthorized, offline,
+    /// busy, no permissions).
     Devices(cli::devices::DevicesArgs),
     /// Run a command on the device (an interactive shell when none is given).
     /// Exits with the remote command's status.

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{debug, warn};
 
+use crate::durable::{durability, sync_dirs, sync_file, sync_in_place, Durability};
 use crate::temp::{create_beside, process_umask, TempEntry};
 use crate::{is_special, on_kernel_interface_fs, Policy};
 
@@ -55,6 +56,11 @@ pub enum Step {
     Attributes,
     /// Renaming the temporary file over the destination.
     Replace,
+    /// Flushing the finished file to storage (where a full disk or a failing
+    /// one may show first, with delayed allocation).
+    SyncFile,
+    /// Flushing the directory that got the new entry (named).
+    SyncDir(PathBuf),
 }
 
 /// A failed destination step and its cause; each role words it its own way.
@@ -77,6 +83,14 @@ impl fmt::Display for DestError {
                 write!(
                     f,
                     "couldn't create directory '{}': {}",
+                    dir.display(),
+                    self.error
+                )
+            }
+            Step::SyncDir(dir) => {
+                write!(
+                    f,
+                    "couldn't sync directory '{}': {}",
                     dir.display(),
                     self.error
                 )
@@ -202,17 +216,40 @@ impl Destination {
     }
 
     /// Gives a complete file its attributes and, when replacing, renames it
-    /// into place. On failure the temporary file is removed.
+    /// into place, flushed to storage as this process's [`durability`] says.
+    /// On failure the temporary file is removed.
     pub fn commit(self, attributes: Attributes) -> Result<(), DestError> {
+        self.commit_with(attributes, durability())
+    }
+
+    /// [`Destination::commit`] with the given durability: under
+    /// [`Durability::Full`] the file is fsynced, renamed, and its directory
+    /// (with any made for it) fsynced before this returns; under
+    /// [`Durability::Rename`] the directory is not; under
+    /// [`Durability::None`] nothing is flushed.
+    pub fn commit_with(
+        self,
+        attributes: Attributes,
+        durability: Durability,
+    ) -> Result<(), DestError> {
         let Destination { path, policy, kind } = self;
+        let flush_failed = |e| DestError::new(Step::SyncFile, e);
         match kind {
-            Kind::InPlace { .. } => Ok(()),
-            Kind::Overwrite { file } => apply(&file, &path, &policy, attributes, false),
+            Kind::InPlace { file } => sync_in_place(&file, &path, durability).map_err(flush_failed),
+            Kind::Overwrite { file } => {
+                apply(&file, &path, &policy, attributes, false)?;
+                sync_file(&file, &path, durability).map_err(flush_failed)
+            }
             Kind::Replace { temp, file } => {
                 apply(&file, &path, &policy, attributes, true)?;
+                // The data before the name: a rename that reaches storage first
+                // would leave an empty file after a power cut.
+                sync_file(&file, temp.path(), durability).map_err(flush_failed)?;
                 drop(file);
+                let changed_dirs = temp.changed_dirs().to_vec();
                 match temp.rename_over(&path) {
-                    Ok(()) => Ok(()),
+                    Ok(()) => sync_dirs(&changed_dirs, durability)
+                        .map_err(|(dir, e)| DestError::new(Step::SyncDir(dir), e)),
                     // A mount point (say a bind-mounted /etc/hosts) can't be renamed
                     // over; adbd would write it in place, so copy the finished file into it.
                     Err((temp, e))
@@ -225,7 +262,12 @@ impl Destination {
                                 warn!("sync: couldn't set the mtime of '{}': {e}", path.display());
                             }
                         }
-                        Ok(())
+                        // Its name did not change: only the copied data needs flushing.
+                        let copied = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(|e| DestError::new(Step::Write, e))?;
+                        sync_in_place(&copied, &path, durability).map_err(flush_failed)
                     }
                     Err((_, e)) => Err(DestError::new(Step::Replace, e)),
                 }
@@ -425,6 +467,104 @@ mod tests {
             .commit(Attributes::default())
             .unwrap();
         assert!(dest.is_file());
+    }
+
+    use crate::durable::{take_events, Event};
+
+    /// The steps of committing `dest` (which gets "new") under `durability`.
+    fn commit_steps(dest: &Path, durability: Durability) -> Vec<Event> {
+        let target = Destination::open(dest, &Policy::DAEMON).unwrap();
+        target.file().write_all(b"new").unwrap();
+        take_events();
+        target
+            .commit_with(Attributes::default(), durability)
+            .unwrap();
+        assert_eq!(fs::read(dest).unwrap(), b"new");
+        take_events()
+    }
+
+    #[test]
+    fn full_syncs_the_file_then_renames_then_syncs_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        fs::write(&dest, b"old").unwrap();
+        let steps = commit_steps(&dest, Durability::Full);
+        let [Event::SyncFile(temp), Event::Rename { to }, Event::SyncDir(synced)] = &steps[..]
+        else {
+            panic!("expected fsync(file), rename, fsync(dir); got {steps:?}");
+        };
+        assert!(temp
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(".oxadb-push."));
+        assert_eq!((to, synced), (&dest, &dir.path().to_path_buf()));
+    }
+
+    #[test]
+    fn rename_level_syncs_only_the_file_and_none_syncs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        let steps = commit_steps(&dest, Durability::Rename);
+        assert!(
+            matches!(&steps[..], [Event::SyncFile(_), Event::Rename { .. }]),
+            "{steps:?}"
+        );
+        let steps = commit_steps(&dest, Durability::None);
+        assert!(matches!(&steps[..], [Event::Rename { .. }]), "{steps:?}");
+    }
+
+    #[test]
+    fn directories_made_for_a_file_are_synced_into_their_parents_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a/b/f");
+        let steps = commit_steps(&dest, Durability::Full);
+        let synced: Vec<_> = steps
+            .iter()
+            .filter_map(|e| match e {
+                Event::SyncDir(d) => Some(d.clone()),
+                _ => None,
+            })
+            .collect();
+        let root = dir.path();
+        assert_eq!(
+            synced,
+            [root.join("a/b"), root.join("a"), root.to_path_buf()]
+        );
+        assert!(
+            matches!(steps[..2], [Event::SyncFile(_), Event::Rename { .. }]),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn in_place_destinations_are_synced_without_a_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        fs::write(&dest, b"old").unwrap();
+        // The host's overwrite of a file in a directory it may not add to.
+        let file = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&dest)
+            .unwrap();
+        let target = Destination {
+            path: dest.clone(),
+            policy: Policy::HOST,
+            kind: Kind::Overwrite { file },
+        };
+        take_events();
+        target
+            .commit_with(Attributes::default(), Durability::Full)
+            .unwrap();
+        assert_eq!(take_events(), [Event::SyncFile(dest)]);
+        // A character device can't be flushed (EINVAL): that is no failure.
+        let target = Destination::open(Path::new("/dev/zero"), &Policy::HOST).unwrap();
+        target
+            .commit_with(Attributes::default(), Durability::Full)
+            .unwrap();
+        assert_eq!(take_events(), [Event::SyncFile("/dev/zero".into())]);
     }
 
     use std::os::unix::fs::FileTypeExt;

@@ -21,6 +21,7 @@
 //! reachable for a receiving path (`splice`) under the same atomicity rules.
 
 mod destination;
+mod durable;
 mod inbox;
 mod sink;
 mod source;
@@ -29,6 +30,7 @@ mod temp;
 mod testdata;
 
 pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
+pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{

@@ -12,6 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use tracing::warn;
 
 use crate::destination::{DestError, Step};
+use crate::durable::{parent_dir, record, Event};
 use crate::Policy;
 
 /// Temporary entries in progress, of every role this process plays.
@@ -50,12 +51,25 @@ pub(crate) fn remove_unfinished(prefix: &str) -> usize {
 pub struct TempEntry {
     path: PathBuf,
     armed: bool,
+    /// The directories whose entries this entry changes once renamed: its
+    /// own, and the parents of directories made for it (deepest first).
+    changed_dirs: Vec<PathBuf>,
 }
 
 impl TempEntry {
-    fn new(path: PathBuf) -> TempEntry {
+    fn new(path: PathBuf, changed_dirs: Vec<PathBuf>) -> TempEntry {
         unfinished().push(path.clone());
-        TempEntry { path, armed: true }
+        TempEntry {
+            path,
+            armed: true,
+            changed_dirs,
+        }
+    }
+
+    /// The directories to fsync once the entry is renamed into place, so that
+    /// the new name (and any directory made for it) survives a power cut.
+    pub fn changed_dirs(&self) -> &[PathBuf] {
+        &self.changed_dirs
     }
 
     pub fn path(&self) -> &Path {
@@ -65,6 +79,9 @@ impl TempEntry {
     /// Renames the entry over `destination`. On failure the entry comes back
     /// (still armed, so dropping it removes it) with the error.
     pub fn rename_over(mut self, destination: &Path) -> Result<(), (TempEntry, io::Error)> {
+        record(Event::Rename {
+            to: destination.to_path_buf(),
+        });
         match fs::rename(&self.path, destination) {
             Ok(()) => {
                 self.armed = false;
@@ -94,10 +111,8 @@ pub fn create_beside<T>(
     policy: &Policy,
     mut create: impl FnMut(&Path) -> io::Result<T>,
 ) -> Result<(TempEntry, T), DestError> {
-    let dir = match destination.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = parent_dir(destination);
+    let mut changed_dirs = vec![dir.clone()];
     let mut made_parents = false;
     // Names are unique per process; a clash means a leftover from a dead process.
     for _ in 0..64 {
@@ -109,12 +124,21 @@ pub fn create_beside<T>(
         );
         let candidate = dir.join(name);
         match create(&candidate) {
-            Ok(made) => return Ok((TempEntry::new(candidate), made)),
+            Ok(made) => return Ok((TempEntry::new(candidate, changed_dirs), made)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) if e.kind() == io::ErrorKind::NotFound && !made_parents => {
                 let Some(mode) = policy.parent_dir_mode else {
                     return Err(DestError::new(Step::Create, e));
                 };
+                // Each directory made gets an entry in its parent: up to the first that exists.
+                let mut missing = dir.as_path();
+                while let Some(parent) = missing.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    changed_dirs.push(parent.to_path_buf());
+                    if parent.exists() {
+                        break;
+                    }
+                    missing = parent;
+                }
                 fs::DirBuilder::new()
                     .recursive(true)
                     .mode(mode)

@@ -68,6 +68,13 @@ if ! command -v adb >/dev/null 2>&1; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y adb
 fi
 command -v adb >/dev/null 2>&1 || die "adb is still not on PATH after installing the adb package"
+# test_durability.py traces the daemon's fsync/rename calls.
+if ! command -v strace >/dev/null 2>&1; then
+    echo "strace not found: installing Debian's strace package"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y strace
+fi
+command -v strace >/dev/null 2>&1 || die "strace is still not on PATH after installing the strace package"
 ADB_VERSION_TEXT="$(adb version 2>&1)" || die "\`adb version\` failed: ${ADB_VERSION_TEXT}"
 echo "${ADB_VERSION_TEXT}"
 case "${ADB_VERSION_TEXT}" in

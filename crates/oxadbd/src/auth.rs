@@ -49,15 +49,30 @@ pub fn trust_key(path: &Path, key: &PublicKey, comment: &str) -> Result<bool, Tr
             source,
         }
     };
+    let mut created = false;
     let existing = match std::fs::read(path) {
         Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            created = true;
+            Vec::new()
+        }
         Err(error) => return Err(io_error("reading the authorized keys")(error)),
     };
     if AuthorizedKeys::parse(&String::from_utf8_lossy(&existing)).contains(key) {
         return Ok(false);
     }
-    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+    let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty());
+    // The directories whose entries change: the file's, and those made for it.
+    let mut changed_dirs = Vec::new();
+    if let Some(dir) = dir {
+        let mut missing = Some(dir);
+        while let Some(d) = missing {
+            changed_dirs.push(d.to_path_buf());
+            if d.exists() {
+                break;
+            }
+            missing = d.parent().filter(|p| !p.as_os_str().is_empty());
+        }
         std::fs::create_dir_all(dir).map_err(io_error("creating its directory"))?;
     }
     let mut file = std::fs::OpenOptions::new()
@@ -78,6 +93,17 @@ pub fn trust_key(path: &Path, key: &PublicKey, comment: &str) -> Result<bool, Tr
     file.write_all(line.as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(io_error("appending the key"))?;
+    // A new keys file is only durable once its name is: fsync the directories
+    // that got an entry (fsync(2): a file's fsync does not flush its entry).
+    if created {
+        oxadb_transfer::sync_dirs(&changed_dirs, oxadb_transfer::Durability::Full).map_err(
+            |(dir, source)| TrustError::Io {
+                path: dir,
+                action: "syncing the directory of the keys file",
+                source,
+            },
+        )?;
+    }
     Ok(true)
 }
 

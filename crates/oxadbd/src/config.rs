@@ -114,6 +114,8 @@ pub struct FileConfig {
     pub reboot_command: Option<String>,
     /// Whether hosts may move the TCP listener (`adb tcpip PORT`, `adb usb`).
     pub allow_tcpip: Option<bool>,
+    /// How far a pushed file is flushed before `OKAY`: `full`, `rename` or `none`.
+    pub durability: Option<String>,
     /// `[properties]`: what `getprop` answers, over the computed ones.
     /// Dotted names may be quoted or not (`ro.a = "1"` is the table
     /// `ro` in TOML; it is flattened back to `ro.a`).
@@ -151,6 +153,22 @@ impl FileConfig {
                         .clone()
                         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH)),
                     message: format!("memory-budget: {message}"),
+                })
+            })
+            .transpose()
+    }
+
+    /// The `durability` key.
+    pub fn durability(&self) -> Result<Option<oxadb_transfer::Durability>, ConfigError> {
+        self.durability
+            .as_deref()
+            .map(|text| {
+                text.parse().map_err(|message| ConfigError::BadValue {
+                    path: self
+                        .path
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH)),
+                    message: format!("durability: {message}"),
                 })
             })
             .transpose()

@@ -46,7 +46,7 @@ struct Args {
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
     /// keys, accept-new-keys, insecure, max-connections, max-streams,
     /// handshake-timeout, auth-timeout, stalled-stream-timeout,
-    /// reboot-command, allow-tcpip, and a [properties] table for getprop).
+    /// reboot-command, allow-tcpip, durability, and a [properties] table for getprop).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -70,6 +70,13 @@ struct Args {
     /// loopback it saved no CPU (docs/benchmarks.md).
     #[arg(long)]
     zero_copy: bool,
+    /// How far a pushed file reaches storage before adb is told it arrived:
+    /// full (fsync the file, rename it into place, fsync its directory),
+    /// rename (fsync the file before the rename: after a power cut the new
+    /// content or the old, but the rename may be lost) or none (no flush,
+    /// as Android's adbd) [default: full].
+    #[arg(long, value_name = "full|rename|none")]
+    durability: Option<oxadb_transfer::Durability>,
     /// Do not offer burst mode (`delayed_ack`); the same as `--credit classic`.
     #[arg(long, conflicts_with = "credit")]
     no_delayed_ack: bool,
@@ -254,6 +261,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     let file = FileConfig::load(args.config.as_deref())?;
     let file_credit = file.credit_mode()?;
     let file_budget = file.memory_budget()?;
+    let durability = args.durability.or(file.durability()?).unwrap_or_default();
+    oxadb_transfer::set_durability(durability);
     let usb = UsbConfig::resolve(
         &UsbFlags {
             usb: args.usb,
@@ -343,6 +352,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         tracing::debug!(
             shell = %config.shell.display(),
             credit = %config.credit,
+            durability = %durability,
             memory_budget = %oxadb_io::format_size(config.memory_budget.limit),
             per_stream_cap = %oxadb_io::format_size(config.memory_budget.per_stream_cap),
             max_payload = %oxadb_io::format_size(config.max_payload() as u64),

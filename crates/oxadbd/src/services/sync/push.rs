@@ -11,8 +11,8 @@ use std::sync::atomic::AtomicU64;
 use bytes::Bytes;
 use oxadb_io::{ReadChunk, WriteChunk};
 use oxadb_transfer::{
-    create_beside, set_times_at, Attributes, Chunk, ChunkReader, DestError, Destination, Policy,
-    ReceiveError, Step,
+    create_beside, durability, set_times_at, sync_dirs, Attributes, Chunk, ChunkReader, DestError,
+    Destination, Policy, ReceiveError, Step,
 };
 use oxadb_wire::sync::{self as wire, Compression, TransferFlags, HEADER_LEN, SYNC_DATA_MAX};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -277,7 +277,8 @@ impl PushJob {
             Step::OpenInPlace => "couldn't open for writing",
             Step::Write => "couldn't write",
             Step::Attributes => "couldn't set the mode or mtime of",
-            Step::Replace => "couldn't replace",
+            Step::Replace | Step::SyncDir(_) => "couldn't replace",
+            Step::SyncFile => "couldn't sync",
         };
         self.report(what, error)
     }
@@ -336,8 +337,16 @@ impl PushJob {
                 self.path.display()
             );
         }
+        let changed_dirs = temp.changed_dirs().to_vec();
         temp.rename_over(&self.path)
-            .map_err(|(_, e)| self.report("couldn't replace", e))
+            .map_err(|(_, e)| self.report("couldn't replace", e))?;
+        // A link has no data of its own: its directory entry is all there is to flush.
+        sync_dirs(&changed_dirs, durability()).map_err(|(dir, e)| {
+            self.report(
+                "couldn't replace",
+                format!("couldn't sync directory '{}': {e}", dir.display()),
+            )
+        })
     }
 }
 

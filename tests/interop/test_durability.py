@@ -57,12 +57,12 @@ def traced_push(fresh_daemon, adb_server, tmp_path: Path, level: str | None):
     return dest, [e for e in events if str(dest_dir) in e[-1]]
 
 
-def check_full(dest: Path, events):
+def check_full(dest: Path, events, prefix: str = ".oxadb-push."):
     renames = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == str(dest)]
     assert len(renames) == 1, events
     at = renames[0]
     temp = events[at][1]
-    assert Path(temp).name.startswith(".oxadb-push."), events
+    assert Path(temp).name.startswith(prefix), events
     assert ("fsync", temp) in events[:at], f"no fsync of {temp} before the rename: {events}"
     assert ("fsync", str(dest.parent)) in events[at + 1:], \
         f"no fsync of {dest.parent} after the rename: {events}"
@@ -124,3 +124,58 @@ def test_bad_durability_is_refused_naming_the_value(oxadbd_bin, tmp_path):
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
     out = cp.stdout.decode()
     assert cp.returncode != 0 and "maybe" in out and str(conf) in out, out
+
+
+def traced_pull(daemon, tmp_path: Path, level: str, remote: Path, local: Path):
+    """`oxadb --durability LEVEL pull REMOTE LOCAL` under strace; returns the
+    fsync/rename events."""
+    import subprocess
+    from harness import clean_env, resolve_oxadb
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    trace = tmp_path / f"pull-strace-{level}.txt"
+    cp = subprocess.run([strace_bin(), "-f", "-y", "-qq", "-o", str(trace),
+                         "-e", "trace=fsync,fdatasync,rename,renameat,renameat2",
+                         str(resolve_oxadb()), "--durability", level, "-s", daemon.serial,
+                         "pull", str(remote), str(local)],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        env=clean_env(HOME=str(home)), timeout=60, text=True)
+    assert cp.returncode == 0, cp
+    events = []
+    for line in trace.read_text().splitlines():
+        if m := FSYNC.search(line):
+            events.append(("fsync", m.group(1)))
+        elif m := RENAME.search(line):
+            events.append(("rename", m.group(1), m.group(2)))
+    return events
+
+
+@pytest.mark.parametrize("level", ["full", "none"])
+def test_oxadb_pull_is_durable_on_the_host(fresh_daemon, tmp_path, level):
+    d = fresh_daemon(f"pull-{level}")
+    remote = tmp_path / "remote.bin"
+    remote.write_bytes(os.urandom(200_000))
+    local_dir = tmp_path / f"local-{level}"
+    local_dir.mkdir()
+    local = local_dir / "pulled.bin"
+    events = traced_pull(d, tmp_path, level, remote, local)
+    assert local.read_bytes() == remote.read_bytes()
+    events = [e for e in events if str(local_dir) in e[-1]]
+    if level == "none":
+        assert [e[0] for e in events] == ["rename"], events
+        return
+    at = check_full(local, events, ".oxadb-pull.")
+    assert Path(events[at][1]).name.startswith(".oxadb-pull."), events
+
+
+def test_oxadb_pull_of_a_tree_syncs_the_directories_it_made(fresh_daemon, tmp_path):
+    d = fresh_daemon("pull-tree")
+    remote = tmp_path / "remote-tree"
+    (remote / "sub").mkdir(parents=True)
+    (remote / "sub" / "f").write_bytes(b"f" * 1000)
+    local_root = tmp_path / "local-root"
+    local_root.mkdir()
+    events = traced_pull(d, tmp_path, "full", remote, local_root / "copy")
+    synced = [e[1] for e in events if e[0] == "fsync"]
+    for directory in (local_root / "copy" / "sub", local_root / "copy", local_root):
+        assert str(directory) in synced, events

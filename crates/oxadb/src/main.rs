@@ -37,6 +37,12 @@ struct Args {
     /// no CPU (docs/benchmarks.md).
     #[arg(long, help_heading = TUNING)]
     zero_copy: bool,
+    /// How far a pulled file reaches storage before pull reports it: full
+    /// (fsync the file, rename it into place, fsync its directory), rename
+    /// (fsync the file before the rename; the rename may be lost in a power
+    /// cut) or none (no flush, as adb) [default: full].
+    #[arg(long, value_name = "full|rename|none", help_heading = TUNING)]
+    durability: Option<oxadb_transfer::Durability>,
     /// Flow control: classic (one packet in flight, like --no-burst), aosp
     /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
     /// (burst mode, credit grown from the measured rate and round trip).
@@ -334,6 +340,9 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     }
     if args.zero_copy {
         oxadb_transfer::enable_zero_copy();
+    }
+    if let Some(durability) = args.durability {
+        oxadb_transfer::set_durability(durability);
     }
     let mut options = ConnectOptions::default();
     if args.no_burst {

@@ -13,7 +13,7 @@ use super::{
     SyncFeatures, TransferSummary,
 };
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Directory levels followed below a pulled directory before giving up (symlink loops).
 const MAX_DEPTH: usize = 256;
@@ -237,9 +237,27 @@ impl Puller<'_> {
         )
         .await?;
         let mut summary = TransferSummary::default();
+        // Parents that got a new directory entry, flushed once at the end
+        // (each pulled file's own directory is flushed as it is committed).
+        let mut new_entries_in = std::collections::BTreeSet::new();
         for step in steps {
             match step {
                 Step::MakeDir(dir) => {
+                    if tokio::fs::symlink_metadata(&dir).await.is_err() {
+                        let mut made = dir.as_path();
+                        while let Some(parent) = made.parent() {
+                            let parent = if parent.as_os_str().is_empty() {
+                                Path::new(".")
+                            } else {
+                                parent
+                            };
+                            new_entries_in.insert(parent.to_path_buf());
+                            if parent.exists() {
+                                break;
+                            }
+                            made = parent;
+                        }
+                    }
                     if let Err(e) = tokio::fs::create_dir_all(&dir).await {
                         return Err(transfer_error(format!(
                             "failed to create directory '{}': {}",
@@ -259,6 +277,18 @@ impl Puller<'_> {
                 Step::Skip => summary.files_skipped += 1,
             }
         }
+        let dirs: Vec<_> = new_entries_in.into_iter().collect();
+        let durability = oxadb_transfer::durability();
+        tokio::task::spawn_blocking(move || oxadb_transfer::sync_dirs(&dirs, durability))
+            .await
+            .map_err(|e| Error::io("pull", std::io::Error::other(e)))?
+            .map_err(|(dir, e)| {
+                transfer_error(format!(
+                    "failed to sync directory '{}': {}",
+                    dir.display(),
+                    describe_io(&e)
+                ))
+            })?;
         Ok(summary)
     }
 

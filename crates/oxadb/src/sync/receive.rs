@@ -15,7 +15,7 @@ use super::local::{commit_attributes, PulledAttributes};
 use super::session::SyncSession;
 use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
 use crate::error::{Error, Result};
-use oxadb_transfer::{Chunk, ChunkReader, Destination, Policy, ReceiveError};
+use oxadb_transfer::{Chunk, ChunkReader, DestError, Destination, Policy, ReceiveError, Step};
 
 /// Pulled payload pieces queued for the writing thread.
 const PULL_QUEUE_DEPTH: usize = 64;
@@ -315,15 +315,25 @@ impl PullSink {
                         describe_io(&error)
                     )));
                 }
-                target.commit(commit_attributes(attributes)).map_err(|e| {
-                    Some(format!(
-                        "cannot create '{}': {}",
-                        local.display(),
-                        describe_io(&e.error)
-                    ))
-                })
+                target
+                    .commit(commit_attributes(attributes))
+                    .map_err(|e| Some(commit_failure(local, &e)))
             }
         }
+    }
+}
+
+/// Words a failed commit, naming the file (and the directory when flushing it failed).
+fn commit_failure(local: &Path, error: &DestError) -> String {
+    let cause = describe_io(&error.error);
+    match &error.step {
+        Step::SyncFile => format!("cannot sync '{}' to storage: {cause}", local.display()),
+        Step::SyncDir(dir) => format!(
+            "cannot sync directory '{}' after renaming '{}' into it: {cause}",
+            dir.display(),
+            local.display()
+        ),
+        _ => format!("cannot create '{}': {cause}", local.display()),
     }
 }
 
@@ -340,13 +350,9 @@ fn write_target(
 ) -> std::result::Result<(), Option<String>> {
     let mut input = ChunkReader::new(queue);
     match oxadb_transfer::receive(&mut input, compression, &mut target.file(), written) {
-        Ok(()) => target.commit(commit_attributes(attributes)).map_err(|e| {
-            Some(format!(
-                "cannot create '{}': {}",
-                local.display(),
-                describe_io(&e.error)
-            ))
-        }),
+        Ok(()) => target
+            .commit(commit_attributes(attributes))
+            .map_err(|e| Some(commit_failure(local, &e))),
         Err(failure) => {
             // Dropping the destination discards its temporary file.
             drop(target);

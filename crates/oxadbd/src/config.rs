@@ -1282,6 +1282,19 @@ mod tests {
             error.contains("memory-budget: bad size \"lots\""),
             "{error}"
         );
+        let config: FileConfig = toml::from_str("durability = \"rename\"\n").unwrap();
+        assert_eq!(
+            config.durability().unwrap(),
+            Some(oxadb_transfer::Durability::Rename)
+        );
+        assert_eq!(FileConfig::default().durability().unwrap(), None);
+        let config: FileConfig = toml::from_str("durability = \"maybe\"\n").unwrap();
+        let error = config.durability().unwrap_err().to_string();
+        assert!(
+            error
+                .contains("durability: unknown durability 'maybe' (expected full, rename or none)"),
+            "{error}"
+        );
         let file: FileConfig = toml::from_str(
             "reboot-command = \"/bin/true x\"\nallow-tcpip = false\n\
              [properties]\n\"ro.build.version.sdk\" = \"33\"\nvendor.site = \"lab\"\n\

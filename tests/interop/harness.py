@@ -109,6 +109,31 @@ def setpriv(uid: int, gid: int) -> tuple[str, ...]:
     return ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups")
 
 
+def is_oxadbd(pid: int) -> bool:
+    """Whether `pid` runs oxadbd itself (a prefix such as setpriv execs it)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "oxadbd"
+    except FileNotFoundError:
+        return False
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid`, from /proc (empty once it has exited)."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return children
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return children
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     """SIGTERM, then SIGKILL if `proc` has not exited within `timeout`."""
     if proc.poll() is not None:
@@ -243,8 +268,23 @@ class Daemon:
         return self.proc is not None and self.proc.poll() is None
 
     def _stop_proc(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, timeout=5)
+        if self.proc is None:
+            return
+        # A wrapper that forks (strace -f) leaves its child running when it
+        # is told to stop itself: stop the daemon under it first, by pid.
+        if self.prefix and not is_oxadbd(self.proc.pid):
+            daemons = [c for c in child_pids(self.proc.pid) if is_oxadbd(c)]
+            for child in daemons:
+                try:
+                    os.kill(child, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if daemons:
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        stop_process(self.proc, timeout=5)
 
     def stop(self) -> None:
         self._stop_proc()

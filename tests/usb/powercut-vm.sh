@@ -18,6 +18,8 @@
 #              (sysrq b; usb-vm.sh runs qemu with -no-reboot, so it exits).
 #              Periodic writeback is off, so only what the daemon flushed
 #              reaches the disk.
+# hold SECS    the next push waits SECS between its last success and the cut
+#              (0 by default: for showing what a later cut leaves).
 # check LEVEL  mounts both (journal replay), classifies each file against the
 #              manifest: new, old, empty, missing or other (neither version),
 #              and counts leftover temporary files (.oxadb-push.*). Results go
@@ -39,6 +41,7 @@ FSES=(ext4 xfs)
 declare -A DEV=([ext4]=/dev/vda [xfs]=/dev/vdb)
 declare -A OPTS=([ext4]=noauto_da_alloc [xfs]=defaults)
 NFILES=20
+HOLD=0
 export HOME=/tmp/home
 unset ANDROID_SERIAL
 
@@ -63,7 +66,11 @@ fail() {
     OK=0
 }
 
-name() { printf 'f%02d' "$1"; }
+# NAMES[i]: f01..f20 (no command substitution per name: each fork costs a
+# tenth of a second under TCG).
+NAMES=()
+for ((i = 1; i <= NFILES; i++)); do printf -v 'NAMES[i]' 'f%02d' "$i"; done
+declare -A SIZE
 
 # CUR[fs/name]: the sha256 each destination has now ("-" when missing).
 declare -A CUR
@@ -103,7 +110,8 @@ random_files() {
     mkdir -p "$dir"
     for ((i = 1; i <= NFILES; i++)); do
         size=$((1024 + SRANDOM % (4 * 1048576 - 1024 + 1)))
-        head -c "$size" /dev/urandom >"$dir/$(name "$i")" || die "writing $dir/$(name "$i") failed"
+        SIZE["${NAMES[i]}"]="$size"
+        head -c "$size" /dev/urandom >"$dir/${NAMES[i]}" || die "writing $dir/${NAMES[i]} failed"
     done
 }
 
@@ -123,7 +131,7 @@ do_mkfs() {
     sync
     hash_into old /tmp/powercut/old/f*
     for fs in "${FSES[@]}"; do
-        for ((i = 1; i <= NFILES; i++)); do CUR["$fs/$(name "$i")"]="${CUR[old/$(name "$i")]}"; done
+        for ((i = 1; i <= NFILES; i++)); do CUR["$fs/${NAMES[i]}"]="${CUR[old/${NAMES[i]}]}"; done
     done
     pass "mkfs: ext4 on ${DEV[ext4]} (${OPTS[ext4]}), xfs on ${DEV[xfs]}, ${NFILES} old files each, synced ($((SECONDS - start)) s)"
 }
@@ -145,12 +153,12 @@ do_check() {
         local -A count=([new]=0 [old]=0 [empty]=0 [missing]=0 [other]=0)
         local files=() temps=()
         for ((i = 1; i <= NFILES; i++)); do
-            [ -e "/run/powercut/$fs/$(name "$i")" ] && files+=("/run/powercut/$fs/$(name "$i")")
-            CUR["$fs/$(name "$i")"]="-"
+            [ -e "/run/powercut/$fs/${NAMES[i]}" ] && files+=("/run/powercut/$fs/${NAMES[i]}")
+            CUR["$fs/${NAMES[i]}"]="-"
         done
         [ "${#files[@]}" -eq 0 ] || hash_into "$fs" "${files[@]}"
         for ((i = 1; i <= NFILES; i++)); do
-            n="$(name "$i")"
+            n="${NAMES[i]}"
             sum="${CUR[$fs/$n]}"
             if [ "$sum" = "-" ]; then
                 kind=missing
@@ -210,9 +218,9 @@ do_push() {
     : >"$manifest"
     for fs in "${FSES[@]}"; do
         for ((i = 1; i <= NFILES; i++)); do
-            n="$(name "$i")"
+            n="${NAMES[i]}"
             if [ "$i" -le $((NFILES / 2)) ]; then client=adb29; else client=oxadb; fi
-            echo "$fs $n $client ${CUR[$fs/$n]:--} ${CUR[new/$n]} $(stat -c %s "/tmp/powercut/new/$n")" >>"$manifest"
+            echo "$fs $n $client ${CUR[$fs/$n]:--} ${CUR[new/$n]} ${SIZE[$n]}" >>"$manifest"
         done
     done
 
@@ -235,7 +243,7 @@ do_push() {
 
     local first=() second=() start=$SECONDS
     for ((i = 1; i <= NFILES; i++)); do
-        if [ "$i" -le $((NFILES / 2)) ]; then first+=("/tmp/powercut/new/$(name "$i")"); else second+=("/tmp/powercut/new/$(name "$i")"); fi
+        if [ "$i" -le $((NFILES / 2)) ]; then first+=("/tmp/powercut/new/${NAMES[i]}"); else second+=("/tmp/powercut/new/${NAMES[i]}"); fi
     done
     for fs in "${FSES[@]}"; do
         timeout "$LIMIT" adb -s "$SERIAL" push "${first[@]}" "/run/powercut/$fs/" >"$OUT/push-${level}-adb29-${fs}.txt" 2>&1 ||
@@ -245,10 +253,15 @@ do_push() {
         timeout "$LIMIT" "$OXADB" -s "$SERIAL" push -q "${second[@]}" "/run/powercut/$fs/" >"$OUT/push-${level}-oxadb-${fs}.txt" 2>&1 ||
             { fail "oxadb push to $fs (${level}): $(tail -n 3 "$OUT/push-${level}-oxadb-${fs}.txt")"; return 1; }
     done
+    if [ "$HOLD" != 0 ]; then
+        echo "  holding ${HOLD} s before the cut"
+        sleep "$HOLD"
+    fi
     # The cut: status first (init never gets to write it), then reset the
     # machine at once, without sync or unmount.
-    echo "  pushed ${NFILES} files to each of ${FSES[*]} with --durability ${level} ($((SECONDS - start)) s); cutting the power" |
-        tee "$OUT/cut-${level}.txt"
+    local msg="pushed ${NFILES} files to each of ${FSES[*]} with --durability ${level} ($((SECONDS - start)) s); cutting the power"
+    echo "  $msg"
+    echo "$msg" >"$OUT/cut-${level}.txt"
     if [ "$OK" = 1 ]; then echo 0 >"$USB_VM_STATUS"; else echo 1 >"$USB_VM_STATUS"; fi
     echo b >/proc/sysrq-trigger
     sleep 30
@@ -259,8 +272,13 @@ while [ "$#" -gt 0 ]; do
     case "$1" in
         mkfs) echo "=== mkfs"; do_mkfs; shift ;;
         check) [ "$#" -ge 2 ] || die "check needs a level"; echo "=== check ${2}"; do_check "$2"; shift 2 ;;
+        hold)
+            [[ "${2:-}" =~ ^[0-9]+$ ]] || die "hold needs a number of seconds, not '${2:-}'"
+            HOLD="$2"
+            shift 2
+            ;;
         push) [ "$#" -ge 2 ] || die "push needs a level"; echo "=== push ${2}"; do_push "$2" || break; shift 2 ;;
-        *) die "unknown step '$1' (mkfs, check LEVEL, push LEVEL)" ;;
+        *) die "unknown step '$1' (mkfs, check LEVEL, hold SECS, push LEVEL)" ;;
     esac
 done
 stop_daemon

@@ -18,7 +18,8 @@
 # Prints the table of files new/old/empty/missing per level and filesystem,
 # then PASS or FAIL; exits 0 only on PASS.
 #
-# Environment: POWERCUT_TIMEOUT, seconds each boot may take (180).
+# Environment: POWERCUT_TIMEOUT, seconds each boot may take (180);
+# POWERCUT_NONE_HOLD, seconds between the last `none` push and its cut (0).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -36,8 +37,9 @@ cd "$REPO" || die "cd $REPO"
 rm -rf "$IMAGES"
 mkdir -p "$IMAGES"
 # Sparse: only what the guest writes takes space. xfs needs 300 MB at least.
-truncate -s 256M "${IMAGES}/ext4.img" && truncate -s 320M "${IMAGES}/xfs.img" ||
+if ! truncate -s 256M "${IMAGES}/ext4.img" || ! truncate -s 320M "${IMAGES}/xfs.img"; then
     die "cannot make the disk images in ${IMAGES}"
+fi
 
 failed=()
 boot() {
@@ -53,7 +55,7 @@ boot() {
 
 start=$SECONDS
 boot mkfs push full
-boot check full push none
+boot check full hold "${POWERCUT_NONE_HOLD:-0}" push none
 boot check none
 
 echo

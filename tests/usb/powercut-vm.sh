@@ -141,8 +141,9 @@ do_check() {
     local manifest="$OUT/manifest-${level}.txt"
     [ -s "$manifest" ] || die "no manifest ${manifest}: the push of ${level} did not get that far"
     mount_all
-    local -A NEW OLD CLIENT
-    while read -r fs n client old new _; do
+    local -A NEW OLD CLIENT NEWSIZE
+    while read -r fs n client old new size _; do
+        NEWSIZE["$fs/$n"]="$size"
         NEW["$fs/$n"]="$new"
         OLD["$fs/$n"]="$old"
         CLIENT["$fs/$n"]="$client"
@@ -171,6 +172,14 @@ do_check() {
                 if [ "$size" = 0 ]; then kind=empty; else kind=other; fi
             fi
             count[$kind]=$((count[$kind] + 1))
+            # other: its size beside the new version's, and whether it is all zeros
+            if [ "$kind" = other ]; then
+                if cmp -s -n "$size" "/run/powercut/$fs/$n" /dev/zero; then
+                    kind="other size=${size} of ${NEWSIZE[$fs/$n]}, all zeros"
+                else
+                    kind="other size=${size} of ${NEWSIZE[$fs/$n]}, not all zeros"
+                fi
+            fi
             echo "$fs $n ${CLIENT[$fs/$n]} $kind" >>"$OUT/detail-${level}.txt"
         done
         for f in "/run/powercut/$fs"/.oxadb-push.*; do [ -e "$f" ] && temps+=("$f"); done

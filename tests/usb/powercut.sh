@@ -55,6 +55,8 @@ boot() {
 
 start=$SECONDS
 boot mkfs push full
+# Without boot 1's push there is nothing to check.
+[ "${#failed[@]}" -eq 0 ] || die "boot 1 failed (mkfs push full): see the output above and ${OUT}"
 boot check full hold "${POWERCUT_NONE_HOLD:-0}" push none
 boot check none
 

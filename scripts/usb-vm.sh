@@ -340,6 +340,17 @@ run_vm() {
     timeout="${USB_VM_TIMEOUT:-300}"
     case "$timeout" in '' | *[!0-9]*) die "USB_VM_TIMEOUT must be a number of seconds, not '$timeout'" ;; esac
 
+    # cache=writeback: what the guest wrote reaches the image (the host's page
+    # cache, which outlives qemu) and the guest's flushes become fdatasync on
+    # it; what sat in the guest's own page cache is lost when the guest is cut
+    # off (sysrq b with -no-reboot ends qemu), as on a power cut.
+    local drives=() disks=() disk
+    [ -z "${USB_VM_DISK:-}" ] || IFS=: read -ra disks <<<"$USB_VM_DISK"
+    for disk in "${disks[@]}"; do
+        [ -f "$disk" ] || die "USB_VM_DISK: ${disk} is not a regular file (make one with truncate -s SIZE)"
+        drives+=(-drive "file=$(realpath "$disk"),if=virtio,format=raw,cache=writeback")
+    done
+
     # A fresh control directory: the command for init, and what init reports.
     rm -rf "$RUNDIR"
     mkdir -p "$RUNDIR"
@@ -370,16 +381,6 @@ EOF
         echo
     } >"${RUNDIR}/cmd.sh"
 
-    # cache=writeback: what the guest wrote reaches the image (the host's page
-    # cache, which outlives qemu) and the guest's flushes become fdatasync on
-    # it; what sat in the guest's own page cache is lost when the guest is cut
-    # off (sysrq b with -no-reboot ends qemu), as on a power cut.
-    local drives=() disks=() disk
-    [ -z "${USB_VM_DISK:-}" ] || IFS=: read -ra disks <<<"$USB_VM_DISK"
-    for disk in "${disks[@]}"; do
-        [ -f "$disk" ] || die "USB_VM_DISK: ${disk} is not a regular file (make one with truncate -s SIZE)"
-        drives+=(-drive "file=$(realpath "$disk"),if=virtio,format=raw,cache=writeback")
-    done
     local accel=tcg kernel="${VMDIR}/vmlinux"
     [ -f "$kernel" ] || kernel="${KDIR}/boot/vmlinuz-${kver}"
     trap cleanup EXIT

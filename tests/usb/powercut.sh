@@ -77,9 +77,9 @@ for level in full none; do
     done <"${OUT}/result-${level}.txt"
 done
 echo "(3 boots in $((SECONDS - start)) s)"
-rm -rf "$IMAGES"
 if [ "${#failed[@]}" -gt 0 ]; then
-    echo "FAIL: ${failed[*]}"
+    echo "FAIL: ${failed[*]} (the disk images stay in ${IMAGES} for a look)"
     exit 1
 fi
+rm -rf "$IMAGES"
 echo "PASS"

@@ -48,6 +48,11 @@
 #   USB_VM_MEM, USB_VM_CPUS   qemu -m and -smp (1024, 2)
 #   USB_VM_KERNEL_PKG  NAME=VERSION of the kernel package, instead of resolving it
 #   USB_VM_KEEP_OUT=1  keep target/usb-vm/out from the previous run (emptied by default)
+#   USB_VM_DISK        raw disk images (PATH[:PATH...]) the VM gets as virtio
+#                      disks /dev/vda, /dev/vdb... (modprobe virtio_blk in the
+#                      VM); they keep what the guest wrote across boots. A
+#                      script that ends the VM itself (a power cut with
+#                      sysrq) writes its exit status to $USB_VM_STATUS first.
 set -euo pipefail
 
 DIE_PREFIX=usb-vm
@@ -69,8 +74,8 @@ BOOT_MODULES=(virtio_pci 9pnet_virtio 9p configfs usbcore libcomposite usb_f_fs)
 # initramfs (busybox-static; kmod's depmod and modprobe resolve modules, and
 # modprobe runs in the VM too; xz-utils unpacks the kernel image), and the
 # USB tests that run in the VM on this machine's tree (adb 29, python3 for
-# tests/usb/ffs_stub.py).
-HOST_PACKAGES=(qemu-system-x86 busybox-static kmod xz-utils adb python3)
+# tests/usb/ffs_stub.py; xfsprogs for tests/usb/powercut-vm.sh's mkfs.xfs).
+HOST_PACKAGES=(qemu-system-x86 busybox-static kmod xz-utils adb python3 xfsprogs)
 
 usage() {
     sed -n '2,5p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
@@ -335,6 +340,17 @@ run_vm() {
     timeout="${USB_VM_TIMEOUT:-300}"
     case "$timeout" in '' | *[!0-9]*) die "USB_VM_TIMEOUT must be a number of seconds, not '$timeout'" ;; esac
 
+    # cache=writeback: what the guest wrote reaches the image (the host's page
+    # cache, which outlives qemu) and the guest's flushes become fdatasync on
+    # it; what sat in the guest's own page cache is lost when the guest is cut
+    # off (sysrq b with -no-reboot ends qemu), as on a power cut.
+    local drives=() disks=() disk
+    [ -z "${USB_VM_DISK:-}" ] || IFS=: read -ra disks <<<"$USB_VM_DISK"
+    for disk in "${disks[@]}"; do
+        [ -f "$disk" ] || die "USB_VM_DISK: ${disk} is not a regular file (make one with truncate -s SIZE)"
+        drives+=(-drive "file=$(realpath "$disk"),if=virtio,format=raw,cache=writeback")
+    done
+
     # A fresh control directory: the command for init, and what init reports.
     rm -rf "$RUNDIR"
     mkdir -p "$RUNDIR"
@@ -353,7 +369,7 @@ EOF
     {
         echo "# written by scripts/usb-vm.sh; run by the VM's init in the chroot"
         printf 'cd %q || exit 127\n' "$(pwd)"
-        printf 'export USB_VM=1 USB_VM_OUT=%q USB_VM_KERNEL=%q\n' "$OUTDIR" "$KDIR"
+        printf 'export USB_VM=1 USB_VM_OUT=%q USB_VM_KERNEL=%q USB_VM_STATUS=%q\n' "$OUTDIR" "$KDIR" "${RUNDIR}/status"
         printf 'export MODPROBE_OPTIONS=%q\n' "-d ${KDIR}"
         echo 'export HOME=/tmp/home TMPDIR=/tmp LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1'
         echo 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
@@ -383,7 +399,7 @@ EOF
         -virtfs "local,path=${tree},mount_tag=tree,security_model=none,readonly=on,multidevs=remap" \
         -virtfs "local,path=${RUNDIR},mount_tag=ctl,security_model=none" \
         -virtfs "local,path=${OUTDIR},mount_tag=out,security_model=none" \
-        </dev/null &
+        "${drives[@]}" </dev/null &
     QEMU_PID=$!
 
     # Wait for qemu, watching the clock; init touches run/started just

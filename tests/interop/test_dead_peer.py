@@ -5,12 +5,13 @@ peer timeout (docs/protocol.md, "Dead peers").
 Each test makes two network namespaces, each with a TAP device (198.18.0.1
 the device, 198.18.0.2 the host), joined by a small forwarder process that
 paces frames to a few MB/s, so that a transfer is still running when the
-link is cut. The kernels this runs on have no netem, and taking an interface
-down is not silent (see docs/protocol.md), so the link is cut by stopping the
-forwarder (SIGSTOP): frames are dropped once the TAP queues fill, and the
-sockets see nothing, as after a power cut or a pulled cable. The forwarder
-is killed by its pid and both namespaces removed at teardown, whatever
-happened.
+link is cut. The kernels this runs on have no netem; the link is cut by
+stopping the forwarder (SIGSTOP): frames are dropped once the TAP queues
+fill, and the sockets see nothing, as after a power cut or a pulled cable.
+A push is also cut by taking the host's interface down: no error reaches
+the sockets then either, until the timeout, whose cause is then the route's
+(ENETUNREACH, EHOSTUNREACH) rather than ETIMEDOUT. The forwarder is killed
+by its pid and both namespaces removed at teardown, whatever happened.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from harness import (Daemon, clean_env, resolve_oxadb, resolve_oxadbd, sha256_file, trust_key,
                      write_random)
@@ -65,7 +68,10 @@ while True:
         free[fd] = max(free[fd], now) + len(frame) / rate
         if free[fd] > now:
             time.sleep(free[fd] - now)
-        os.write(peer[fd], frame)
+        try:
+            os.write(peer[fd], frame)
+        except OSError:  # that side's interface is down: the frame is lost
+            pass
 """
 
 
@@ -99,10 +105,14 @@ class Link:
         assert self.forwarder.stdout.readline() == b"ready\n", self.forwarder.poll()
         return self
 
-    def cut(self) -> None:
-        """Stops the forwarder: from now on no frame crosses, either way,
-        and neither socket is told."""
-        self.forwarder.send_signal(signal.SIGSTOP)
+    def cut(self, how: str = "pause") -> None:
+        """`pause`: stops the forwarder, so that from now on no frame
+        crosses, either way, and neither socket is told; `down`: takes the
+        host's interface down (a cable pulled on the host's side)."""
+        if how == "pause":
+            self.forwarder.send_signal(signal.SIGSTOP)
+        else:
+            run("ip", "-n", self.host_ns, "link", "set", "tap0", "down")
 
     def down(self) -> None:
         if self.forwarder is not None:
@@ -194,12 +204,13 @@ def wait_daemon_closed(daemon: Daemon, since: int, cut_at: float) -> float:
                                timeout=BOUND + MARGIN + 1)
     assert line is not None, daemon.log_since(since).decode("utf-8", "replace")
     elapsed = time.monotonic() - cut_at
-    assert "no answer from the peer within the peer timeout" in line, line
+    assert "no answer from the peer within the peer timeout, link or peer down (" in line, line
     assert elapsed <= BOUND + MARGIN, (elapsed, line)
     return elapsed
 
 
-def test_a_push_over_a_cut_link_fails_on_both_ends_within_the_peer_timeout(tmp_path):
+@pytest.mark.parametrize("how", ["pause", "down"])
+def test_a_push_over_a_cut_link_fails_on_both_ends_within_the_peer_timeout(tmp_path, how):
     source = tmp_path / "source.bin"
     write_random(source, SIZE)
     remote = tmp_path / "remote"
@@ -207,12 +218,12 @@ def test_a_push_over_a_cut_link_fails_on_both_ends_within_the_peer_timeout(tmp_p
     old = remote / "target.bin"
     old.write_bytes(b"the old content\n")
     old_hash = sha256_file(old)
-    with device_and_host(tmp_path, "p") as (link, daemon, home):
+    with device_and_host(tmp_path, f"p{how[0]}") as (link, daemon, home):
         since = daemon.log_size()
         proc = oxadb_in(link, home, "push", str(source), str(old))
         try:
             wait_mid_transfer(remote, ".oxadb-push.", proc)
-            link.cut()
+            link.cut(how)
             cut_at = time.monotonic()
             daemon_elapsed = wait_daemon_closed(daemon, since, cut_at)
             elapsed, err = wait_exit(proc, cut_at)
@@ -228,7 +239,7 @@ def test_a_push_over_a_cut_link_fails_on_both_ends_within_the_peer_timeout(tmp_p
         assert temps(remote, ".oxadb-push.") == [], list(remote.iterdir())
         assert sha256_file(old) == old_hash
         assert daemon.alive(), daemon.log_since(since)
-        print(f"push: daemon closed {daemon_elapsed:.1f} s, oxadb exited {elapsed:.1f} s "
+        print(f"push ({how}): daemon closed {daemon_elapsed:.1f} s, oxadb exited {elapsed:.1f} s "
               f"after the cut (peer timeout {PEER_TIMEOUT} s)")
 
 
@@ -260,4 +271,36 @@ def test_a_pull_over_a_cut_link_fails_on_both_ends_within_the_peer_timeout(tmp_p
         assert sha256_file(old) == old_hash
         assert daemon.alive(), daemon.log_since(since)
         print(f"pull: oxadb exited {elapsed:.1f} s, daemon closed {daemon_elapsed:.1f} s "
+              f"after the cut (peer timeout {PEER_TIMEOUT} s)")
+
+
+def test_an_idle_shell_over_a_cut_link_is_hung_up_and_fails_within_the_peer_timeout(tmp_path):
+    # Nothing waits to be sent either way: keepalive is what notices.
+    hup = tmp_path / "hup"
+    # stderr to a file: the shell reports the `sleep` the hang-up killed,
+    # and that report must not die of SIGPIPE before the trap runs.
+    script = (f"exec 2>{tmp_path / 'stderr'}; trap 'echo hup > {hup}; exit 0' HUP; "
+              "echo started; while :; do sleep 0.1; done")
+    with device_and_host(tmp_path, "s") as (link, daemon, home):
+        since = daemon.log_size()
+        proc = oxadb_in(link, home, "shell", script)
+        try:
+            assert proc.stdout.readline() == b"started\n", proc.poll()
+            time.sleep(0.5)
+            link.cut()
+            cut_at = time.monotonic()
+            daemon_elapsed = wait_daemon_closed(daemon, since, cut_at)
+            deadline = time.monotonic() + 5
+            while not hup.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert hup.exists(), daemon.log_since(since).decode("utf-8", "replace")
+            assert hup.read_text() == "hup\n"
+            elapsed, err = wait_exit(proc, cut_at)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert_lost_connection(proc, elapsed, err)
+        assert daemon.alive(), daemon.log_since(since)
+        print(f"idle shell: daemon closed {daemon_elapsed:.1f} s, oxadb exited {elapsed:.1f} s "
               f"after the cut (peer timeout {PEER_TIMEOUT} s)")

@@ -60,8 +60,9 @@ pub enum ConnectionError {
     Header(#[from] oxadb_wire::HeaderError),
     #[error("{0}")]
     Protocol(#[from] oxadb_engine::ProtocolError),
-    /// The kernel gave up on a silent peer (`ETIMEDOUT`: data or keepalive
-    /// probes unanswered for the peer timeout, see [`peer`]).
+    /// The kernel gave up on a silent peer (data or keepalive probes
+    /// unanswered for the peer timeout, see [`peer`]): `ETIMEDOUT`, or
+    /// `EHOSTUNREACH`/`ENETUNREACH` when a route or neighbour failed meanwhile.
     #[error("no answer from the peer within the peer timeout, link or peer down ({0})")]
     PeerTimedOut(Arc<io::Error>),
     #[error("I/O error: {0}")]
@@ -72,9 +73,13 @@ pub enum ConnectionError {
 
 impl From<io::Error> for ConnectionError {
     fn from(error: io::Error) -> Self {
-        // On a connected TCP socket only the retransmission, user and
-        // keepalive timers fail with ETIMEDOUT (tcp(7)).
-        if error.raw_os_error() == Some(libc::ETIMEDOUT) {
+        // On a connected TCP socket these come only from the retransmission,
+        // user and keepalive timers: ETIMEDOUT, or the last ICMP or neighbour
+        // error seen meanwhile (unreachable errors are soft then, tcp(7)).
+        if matches!(
+            error.raw_os_error(),
+            Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH)
+        ) {
             return ConnectionError::PeerTimedOut(Arc::new(error));
         }
         ConnectionError::Io(Arc::new(error))

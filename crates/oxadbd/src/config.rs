@@ -785,6 +785,27 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_timeout_is_the_flag_over_the_file_over_30_s() {
+        let listen = parse_listen("127.0.0.1:5555").unwrap();
+        let timeout = |flag: Option<u64>, file: &str| {
+            let file: FileConfig = toml::from_str(file).unwrap();
+            let flags = AccessFlags {
+                peer_timeout: flag,
+                ..AccessFlags::default()
+            };
+            Access::resolve(listen, &flags, &file)
+                .unwrap()
+                .peer_timeout
+                .map(|t| t.timeout().as_secs())
+        };
+        assert_eq!(timeout(None, ""), Some(30));
+        assert_eq!(timeout(None, "peer-timeout = 12\n"), Some(12));
+        assert_eq!(timeout(Some(5), "peer-timeout = 12\n"), Some(5));
+        assert_eq!(timeout(Some(0), ""), None);
+        assert_eq!(timeout(None, "peer-timeout = 0\n"), None);
+    }
+
+    #[test]
     fn keys_are_needed_by_everyone_but_local_owners_by_default() {
         let file = FileConfig::default();
         let resolve = |listen: &str, flags: AccessFlags| {

@@ -64,7 +64,7 @@ impl PeerTimeout {
 
     /// The latest an idle connection to a silent peer ends, counted from
     /// the last packet heard: `T` rounded up to the next probe (less than
-    /// `T + T/10`, or `T + 1 s`).
+    /// `T + T/10`; exactly `T` below 20 s, where probes are 1 s apart).
     pub fn idle_bound(&self) -> Duration {
         self.keepidle() + self.keepintvl() * self.keepcnt()
     }
@@ -104,6 +104,9 @@ mod tests {
             assert!(bound >= t.timeout(), "{secs}: {bound:?}");
             assert!(bound < t.timeout() + t.keepintvl(), "{secs}: {bound:?}");
             assert!(t.keepidle() < t.timeout(), "{secs}");
+            if secs < 20 {
+                assert_eq!(bound, t.timeout(), "{secs}");
+            }
         }
         let default = DEFAULT_PEER_TIMEOUT;
         assert_eq!(default.keepidle(), Duration::from_secs(15));

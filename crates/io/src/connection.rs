@@ -145,7 +145,10 @@ impl Connection {
             // Wake the writer so it sees `closed` and exits, dropping the socket.
             shared.transmit.notify_one();
             let _ = writer_task.await;
-            error
+            // The writer may have found the real cause after the reader's end
+            // of file (`State::shut`).
+            let closed = shared.lock().closed.clone();
+            closed.unwrap_or(error)
         };
         (connection, run)
     }

@@ -95,8 +95,15 @@ impl State {
     }
 
     pub(crate) fn shut(&mut self, error: ConnectionError) {
-        if self.closed.is_none() {
-            self.closed = Some(error);
+        match (&self.closed, &error) {
+            (None, _) => self.closed = Some(error),
+            // A socket's pending error goes to whichever of the reader and
+            // the writer asks first (SO_ERROR is cleared once reported); the
+            // other sees a plain end of file. A dead peer is the cause.
+            (Some(ConnectionError::PeerClosed), ConnectionError::PeerTimedOut(_)) => {
+                self.closed = Some(error)
+            }
+            _ => {}
         }
         for wakers in self.streams.values_mut() {
             wake(&mut wakers.read);

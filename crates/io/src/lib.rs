@@ -13,6 +13,7 @@
 //! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]), and
 //!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full;
 //! - [`auth`]: both roles' authentication ([`Auth`], [`Authenticator`]);
+//! - [`peer`]: dead-peer detection on TCP sockets ([`watch_peer`]);
 //! - [`process`]: per-process settings (allocator, memory budget) and the
 //!   values both command lines parse.
 
@@ -24,6 +25,7 @@ use thiserror::Error;
 pub mod auth;
 pub mod connection;
 mod driver;
+pub mod peer;
 pub mod process;
 pub mod sink;
 pub mod stream;
@@ -32,6 +34,7 @@ mod tcp_sink;
 pub use auth::{Auth, AuthResponder, Authenticator};
 pub use connection::{tcp_halves, Connection, Incoming};
 pub use oxadb_engine::{AuthReply, Peer, StreamStats};
+pub use peer::{watch_peer, PeerTimeout, DEFAULT_PEER_TIMEOUT};
 pub use process::{
     available_memory, default_budget_limits, format_size, parse_credit_mode, parse_size,
     process_budget, release_free_memory, resident_bytes, trim_when_idle, tune_allocator,
@@ -57,6 +60,11 @@ pub enum ConnectionError {
     Header(#[from] oxadb_wire::HeaderError),
     #[error("{0}")]
     Protocol(#[from] oxadb_engine::ProtocolError),
+    /// The kernel gave up on a silent peer (data or keepalive probes
+    /// unanswered for the peer timeout, see [`peer`]): `ETIMEDOUT`, or
+    /// `EHOSTUNREACH`/`ENETUNREACH` when a route or neighbour failed meanwhile.
+    #[error("no answer from the peer within the peer timeout, link or peer down ({0})")]
+    PeerTimedOut(Arc<io::Error>),
     #[error("I/O error: {0}")]
     Io(Arc<io::Error>),
     #[error("connection closed locally")]
@@ -65,6 +73,15 @@ pub enum ConnectionError {
 
 impl From<io::Error> for ConnectionError {
     fn from(error: io::Error) -> Self {
+        // On a connected TCP socket these come only from the retransmission,
+        // user and keepalive timers: ETIMEDOUT, or the last ICMP or neighbour
+        // error seen meanwhile (unreachable errors are soft then, tcp(7)).
+        if matches!(
+            error.raw_os_error(),
+            Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH)
+        ) {
+            return ConnectionError::PeerTimedOut(Arc::new(error));
+        }
         ConnectionError::Io(Arc::new(error))
     }
 }

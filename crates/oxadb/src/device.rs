@@ -35,6 +35,9 @@ pub struct ConnectOptions {
     /// Headroom for clumped deliveries in adaptive windows (docs/flow-control.md, "Headroom for clumps");
     /// switch off only to measure what it brings.
     pub ack_headroom: bool,
+    /// How long a TCP device may stay silent before the connection is
+    /// reported lost ([`oxadb_io::peer`]); `None`: the kernel's defaults.
+    pub peer_timeout: Option<oxadb_io::PeerTimeout>,
 }
 
 impl Default for ConnectOptions {
@@ -50,6 +53,7 @@ impl Default for ConnectOptions {
             timeout: Duration::from_secs(10),
             memory_budget: None,
             ack_headroom: true,
+            peer_timeout: Some(oxadb_io::DEFAULT_PEER_TIMEOUT),
         }
     }
 }
@@ -175,6 +179,7 @@ impl Device {
             .await
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
+        oxadb_io::watch_peer(&socket, options.peer_timeout).map_err(connect_error)?;
         let (reader, sink, label) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
         let (reader, seen) = FirstBytes::new(reader);
         let (connection, run) = Connection::start(reader, sink, config, label, auth);

@@ -19,7 +19,7 @@ const TUNING: &str = "Tuning (before the command)";
 #[command(
     version,
     about,
-    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  OXADB_PEER_TIMEOUT  seconds a silent TCP device is given (like --peer-timeout)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -61,6 +61,11 @@ struct Args {
     /// measuring what it brings).
     #[arg(long, help_heading = TUNING)]
     no_ack_headroom: bool,
+    /// Seconds a TCP device may stay silent (keepalive probes after half of
+    /// it, data unacknowledged for all of it) before the command fails with
+    /// "lost the connection"; 0 leaves the kernel's defaults [default: 30].
+    #[arg(long, value_name = "SECS", env = "OXADB_PEER_TIMEOUT", help_heading = TUNING)]
+    peer_timeout: Option<u64>,
     /// Log protocol details to stderr (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -357,6 +362,9 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         )));
     }
     options.ack_headroom = !args.no_ack_headroom;
+    if let Some(secs) = args.peer_timeout {
+        options.peer_timeout = oxadb_io::PeerTimeout::from_secs(secs);
+    }
     // Commands that need no device, or pick it themselves.
     match &args.command {
         Command::Connect { address } => {

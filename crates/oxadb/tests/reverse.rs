@@ -29,6 +29,7 @@ async fn connect(addr: &str) -> Device {
         timeout: Duration::from_secs(10),
         memory_budget: None,
         ack_headroom: true,
+        ..Default::default()
     };
     Device::connect(addr, &options).await.unwrap()
 }

@@ -95,6 +95,7 @@ async fn connect(mode: Mode) -> Setup {
             ))
         }),
         ack_headroom: mode != Mode::BurstTinyBudget,
+        ..Default::default()
     };
     let device = Device::connect(&listen.to_string(), &options)
         .await

@@ -101,6 +101,9 @@ pub struct FileConfig {
     /// Seconds a stream's data may wait for the host's credit before the
     /// stream is closed (0: never).
     pub stalled_stream_timeout: Option<u64>,
+    /// Seconds a TCP host may stay silent (keepalive unanswered, or data
+    /// unacknowledged) before its connection is closed (0: kernel defaults).
+    pub peer_timeout: Option<u64>,
     /// Serve ADB over USB (FunctionFS); TCP then only with `listen`.
     pub usb: Option<bool>,
     /// The FunctionFS mount of the ADB function.
@@ -336,6 +339,8 @@ pub struct Access {
     pub auth_timeout: Duration,
     /// `None`: stalled streams are kept.
     pub stalled_stream_timeout: Option<Duration>,
+    /// Dead TCP peers (`None`: the kernel's defaults, no keepalive).
+    pub peer_timeout: Option<oxadb_io::PeerTimeout>,
     /// Config-file keys a command-line flag made pointless, with why (warned
     /// at start: the flag wins, but a setting is never dropped silently).
     pub unused: Vec<String>,
@@ -362,6 +367,7 @@ pub struct AccessFlags {
     pub handshake_timeout: Option<u64>,
     pub auth_timeout: Option<u64>,
     pub stalled_stream_timeout: Option<u64>,
+    pub peer_timeout: Option<u64>,
     /// USB is served: anyone who plugs in a cable reaches the daemon.
     pub usb: bool,
     /// The vsock port served, if any: other virtual machines and the host
@@ -504,6 +510,10 @@ impl Access {
                 Some(0) => None,
                 Some(secs) => Some(Duration::from_secs(secs)),
                 None => Some(DEFAULT_STALLED_STREAM_TIMEOUT),
+            },
+            peer_timeout: match flags.peer_timeout.or(file.peer_timeout) {
+                Some(secs) => oxadb_io::PeerTimeout::from_secs(secs),
+                None => Some(oxadb_io::DEFAULT_PEER_TIMEOUT),
             },
             unused,
         })
@@ -772,6 +782,27 @@ mod tests {
             parse_listen("nonsense"),
             Err(ConfigError::BadListen(_))
         ));
+    }
+
+    #[test]
+    fn the_peer_timeout_is_the_flag_over_the_file_over_30_s() {
+        let listen = parse_listen("127.0.0.1:5555").unwrap();
+        let timeout = |flag: Option<u64>, file: &str| {
+            let file: FileConfig = toml::from_str(file).unwrap();
+            let flags = AccessFlags {
+                peer_timeout: flag,
+                ..AccessFlags::default()
+            };
+            Access::resolve(listen, &flags, &file)
+                .unwrap()
+                .peer_timeout
+                .map(|t| t.timeout().as_secs())
+        };
+        assert_eq!(timeout(None, ""), Some(30));
+        assert_eq!(timeout(None, "peer-timeout = 12\n"), Some(12));
+        assert_eq!(timeout(Some(5), "peer-timeout = 12\n"), Some(5));
+        assert_eq!(timeout(Some(0), ""), None);
+        assert_eq!(timeout(None, "peer-timeout = 0\n"), None);
     }
 
     #[test]

@@ -45,7 +45,7 @@ struct Args {
     /// usb-udc, shell, framebuffer, product-name, product-model, product-device, credit,
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
     /// keys, accept-new-keys, insecure, max-connections, max-streams,
-    /// handshake-timeout, auth-timeout, stalled-stream-timeout,
+    /// handshake-timeout, auth-timeout, stalled-stream-timeout, peer-timeout,
     /// reboot-command, allow-tcpip, durability, and a [properties] table for getprop).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
@@ -139,6 +139,12 @@ struct Args {
     /// stream is closed; 0 keeps them forever [default: 300].
     #[arg(long, value_name = "SECS")]
     stalled_stream_timeout: Option<u64>,
+    /// Seconds a TCP host may stay silent before its connection, its
+    /// streams and its unfinished pushes are dropped: keepalive probes after
+    /// half of it, data unacknowledged for all of it (docs/protocol.md,
+    /// "Dead peers"); 0 leaves the kernel's defaults [default: 30].
+    #[arg(long, value_name = "SECS")]
+    peer_timeout: Option<u64>,
     /// What `adb reboot [TARGET]` runs once it has answered, split on
     /// blanks; a target (bootloader, recovery...) is appended as the last
     /// argument and set in OXADBD_REBOOT_TARGET. "" refuses reboots
@@ -304,6 +310,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             handshake_timeout: args.handshake_timeout,
             auth_timeout: args.auth_timeout,
             stalled_stream_timeout: args.stalled_stream_timeout,
+            peer_timeout: args.peer_timeout,
             usb: usb.is_some(),
             vsock,
         },
@@ -360,6 +367,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             keys = %config.access.keys.display(),
             max_connections = config.access.max_connections,
             max_streams = config.access.max_streams,
+            peer_timeout = ?config.access.peer_timeout.map(|t| t.timeout()),
             "settings"
         );
         for unused in &config.access.unused {

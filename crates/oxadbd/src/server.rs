@@ -193,7 +193,9 @@ pub async fn serve_tcp_switchable(
             drop(socket);
             continue;
         };
-        keep_alive(&socket);
+        if let Err(error) = oxadb_io::watch_peer(&socket, config.access.peer_timeout) {
+            tracing::warn!(%peer, %error, "could not set up dead-peer detection (keepalive, TCP_USER_TIMEOUT)");
+        }
         // Decided before the first byte is read, while the peer's socket is
         // still connected (a closed one's owner is not reported faithfully).
         let (needs_key, why) = match socket.local_addr() {
@@ -329,20 +331,6 @@ pub async fn serve_usb<G: Gadget>(gadget: G, daemon: Arc<Daemon>) -> Result<(), 
         },
     )
     .await
-}
-
-/// TCP keepalive, so that a host that vanished (cable pulled, laptop shut)
-/// does not hold a connection slot forever: probes after 60 s of silence,
-/// every 10 s, 6 unanswered close it (about 2 minutes).
-fn keep_alive(socket: &tokio::net::TcpStream) {
-    use rustix::net::sockopt;
-    let result = sockopt::set_socket_keepalive(socket, true)
-        .and_then(|()| sockopt::set_tcp_keepidle(socket, Duration::from_secs(60)))
-        .and_then(|()| sockopt::set_tcp_keepintvl(socket, Duration::from_secs(10)))
-        .and_then(|()| sockopt::set_tcp_keepcnt(socket, 6));
-    if let Err(error) = result {
-        tracing::debug!(%error, "could not enable TCP keepalive");
-    }
 }
 
 /// Waits for the host's CNXN (and its authentication, when required) within

@@ -214,6 +214,7 @@ async fn link(max_packet: usize, credit: CreditMode) -> Link {
         timeout: Duration::from_secs(10),
         memory_budget: None,
         ack_headroom: true,
+        ..Default::default()
     };
     let device = Device::connect_over_usb(reader, sink, &info, &options, true)
         .await

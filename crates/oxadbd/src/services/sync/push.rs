@@ -95,6 +95,15 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
     /// Feeds the push's `DATA` frames to a file thread and answers `OKAY` or `FAIL`.
     async fn push(&mut self, job: PushJob) -> Result<Flow, SyncError> {
         let path = job.path.clone();
+        let Some(in_flight) = crate::stop::push_started() else {
+            self.fail(&format!(
+                "couldn't push '{}': oxadbd is stopping",
+                path.display()
+            ))
+            .await?;
+            self.drain_failed_push().await;
+            return Ok(Flow::End);
+        };
         let (chunks, queue) = mpsc::channel(CHUNK_QUEUE_DEPTH);
         let worker = tokio::task::spawn_blocking(move || job.run(ChunkReader::new(queue)));
 
@@ -182,6 +191,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
             }
             (Some(stream_error), _) => Err(stream_error),
             (None, Ok(())) => {
+                in_flight.finished();
                 self.send(&wire::encode_okay()).await?;
                 Ok(Flow::Continue)
             }

@@ -1303,6 +1303,11 @@ mod tests {
                 .contains("durability: unknown durability 'maybe' (expected full, rename or none)"),
             "{error}"
         );
+        let config: FileConfig =
+            toml::from_str("state-dir = \"/srv/oxadbd\"\nstop-grace = 12\n").unwrap();
+        assert_eq!(config.state_dir.as_deref(), Some(Path::new("/srv/oxadbd")));
+        assert_eq!(config.stop_grace, Some(12));
+        assert!(toml::from_str::<FileConfig>("stop-grace = \"soon\"\n").is_err());
         let file: FileConfig = toml::from_str(
             "reboot-command = \"/bin/true x\"\nallow-tcpip = false\n\
              [properties]\n\"ro.build.version.sdk\" = \"33\"\nvendor.site = \"lab\"\n\

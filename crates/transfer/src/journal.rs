@@ -43,6 +43,12 @@ pub enum JournalError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error(
+        "state directory '{}': owned by uid {uid} with mode {mode:o}: it must be this \
+         process's own and not writable by others (its journals say what to delete)",
+        path.display()
+    )]
+    NotPrivate { path: PathBuf, uid: u32, mode: u32 },
     #[error("a journal is already open in this process ('{}')", .0.display())]
     AlreadyOpen(PathBuf),
 }
@@ -92,6 +98,15 @@ pub fn open_journal(state_dir: &Path, prefix: &'static str) -> Result<Sweep, Jou
         .mode(0o700)
         .create(state_dir)
         .map_err(io_error("creating it", state_dir))?;
+    let md = fs::metadata(state_dir).map_err(io_error("reading it", state_dir))?;
+    let euid = rustix::process::geteuid().as_raw();
+    if md.uid() != euid || md.mode() & 0o022 != 0 {
+        return Err(JournalError::NotPrivate {
+            path: state_dir.to_path_buf(),
+            uid: md.uid(),
+            mode: md.mode() & 0o7777,
+        });
+    }
     let mut sweep = Sweep::default();
     let me = std::process::id();
     let entries = fs::read_dir(state_dir).map_err(io_error("listing it", state_dir))?;
@@ -347,6 +362,21 @@ fn process_start_secs(pid: u32) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_state_dir_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o1777)).unwrap();
+        let error = open_journal(&state, ".oxadb-sharedtest.").unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, JournalError::NotPrivate { .. }), "{text}");
+        assert!(text.contains(&format!("'{}'", state.display())), "{text}");
+        assert!(text.contains("mode 1777"), "{text}");
+        assert!(JOURNAL.get().is_none());
+    }
 
     #[test]
     fn temp_names_give_their_owner() {

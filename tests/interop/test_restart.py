@@ -169,7 +169,7 @@ def test_sigterm_finishes_or_aborts_pushes_in_flight(fresh_daemon, adb_server, s
         rc = d.proc.wait(timeout=grace + 30)
         took = time.monotonic() - sent
     finally:
-        reap(pushes)
+        codes = reap(pushes)
     assert rc == 0, d.log_since(since)
     # The grace, then at most the runtime's 2 s for blocking threads.
     assert took <= grace + 3, f"exited {took:.1f}s after SIGTERM with a {grace}s grace"
@@ -195,6 +195,8 @@ def test_sigterm_finishes_or_aborts_pushes_in_flight(fresh_daemon, adb_server, s
         assert list(state.glob("pending-dirs.*")) == []
     if grace == 60:
         assert (complete, untouched) == (8, 0), line
+        # Each host was told its push arrived before the daemon went.
+        assert codes == [0] * 8, codes
     print(f"SIGTERM after {took:.2f}s: {complete} pushes finished, {untouched} aborted")
 
     d.start(port=d.port)

@@ -537,6 +537,12 @@ fn run(args: Args) -> anyhow::Result<()> {
             oxadb_transfer::close_journal();
         }
         let finished = oxadbd::stop::finished_while_stopping();
+        if finished > 0 && again.is_none() {
+            // The OKAYs of the last pushes are queued on their connections;
+            // their tasks write them out in well under this (they end with
+            // the runtime), so the hosts hear that the pushes arrived.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         tracing::info!(
             in_flight,
             finished,

@@ -191,8 +191,9 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
             }
             (Some(stream_error), _) => Err(stream_error),
             (None, Ok(())) => {
-                in_flight.finished();
                 self.send(&wire::encode_okay()).await?;
+                // Finished once the OKAY is queued: a stopping daemon waits for this.
+                in_flight.finished();
                 Ok(Flow::Continue)
             }
             (None, Err(failure)) => {

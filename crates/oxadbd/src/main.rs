@@ -278,7 +278,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .or(file.stop_grace)
             .unwrap_or(oxadbd::stop::DEFAULT_GRACE_SECS),
     );
-    let journal = open_journal(args.state_dir.or(file.state_dir.clone()))?;
+    let state_dir = args.state_dir.or(file.state_dir.clone());
     let usb = UsbConfig::resolve(
         &UsbFlags {
             usb: args.usb,
@@ -419,6 +419,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
             None => None,
         };
+        // Once the listeners are bound (a daemon that cannot start says only
+        // why), and before the first host is served.
+        let journal = open_journal(state_dir)?;
         // The one line a service manager shows: where, who needs a key, and
         // how to trust one.
         let places = [

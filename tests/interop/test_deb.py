@@ -101,6 +101,8 @@ def test_units_verify(tmp_path):
     unit = (units / "oxadbd.service").read_text()
     assert "ExecStart=/usr/bin/oxadbd --config /etc/oxadbd/oxadbd.toml" in unit
     assert "Restart=on-failure" in unit and "After=network-online.target" in unit
+    # The push journal's directory, and room for the stop grace (5 s + 2 s).
+    assert "StateDirectory=oxadbd" in unit and "TimeoutStopSec=15s" in unit
 
 
 def dpkg_root(root: Path, deb: Path) -> None:

@@ -129,9 +129,10 @@ def test_killed_push_of_new_file_leaves_nothing(adb_server, fresh_daemon, tmp_pa
 
 
 def test_daemon_stopped_mid_push_leaves_nothing(adb_server, fresh_daemon, tmp_path):
-    """SIGTERM to oxadbd during a push: it removes the push's temporary file
-    and leaves the previous destination intact before it exits."""
-    d = fresh_daemon()
+    """SIGTERM to oxadbd during a push, with no grace period: it removes the
+    push's temporary file and leaves the previous destination intact before
+    it exits (a grace period is test_restart.py's)."""
+    d = fresh_daemon(args=("--stop-grace", "0"))
     adb_server.connect(d.serial)
     remote = tmp_path / "remote"
     remote.mkdir()

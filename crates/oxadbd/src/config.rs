@@ -17,6 +17,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:5555";
 pub const DEFAULT_FRAMEBUFFER: &str = "/dev/fb0";
 /// Read when present and no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/oxadbd/oxadbd.toml";
+/// The state directory (the push journal), when it exists: the package's
+/// systemd unit makes it (`StateDirectory=oxadbd`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/oxadbd";
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -119,6 +122,11 @@ pub struct FileConfig {
     pub allow_tcpip: Option<bool>,
     /// How far a pushed file is flushed before `OKAY`: `full`, `rename` or `none`.
     pub durability: Option<String>,
+    /// Where the journal of directories holding temporary push files lives
+    /// (default /var/lib/oxadbd, used when it exists).
+    pub state_dir: Option<PathBuf>,
+    /// Seconds pushes in flight may take to finish after SIGTERM.
+    pub stop_grace: Option<u64>,
     /// `[properties]`: what `getprop` answers, over the computed ones.
     /// Dotted names may be quoted or not (`ro.a = "1"` is the table
     /// `ro` in TOML; it is flattened back to `ro.a`).
@@ -1326,6 +1334,11 @@ mod tests {
                 .contains("durability: unknown durability 'maybe' (expected full, rename or none)"),
             "{error}"
         );
+        let config: FileConfig =
+            toml::from_str("state-dir = \"/srv/oxadbd\"\nstop-grace = 12\n").unwrap();
+        assert_eq!(config.state_dir.as_deref(), Some(Path::new("/srv/oxadbd")));
+        assert_eq!(config.stop_grace, Some(12));
+        assert!(toml::from_str::<FileConfig>("stop-grace = \"soon\"\n").is_err());
         let file: FileConfig = toml::from_str(
             "reboot-command = \"/bin/true x\"\nallow-tcpip = false\n\
              [properties]\n\"ro.build.version.sdk\" = \"33\"\nvendor.site = \"lab\"\n\

@@ -7,3 +7,4 @@ pub mod config;
 pub mod peer_owner;
 pub mod server;
 pub mod services;
+pub mod stop;

@@ -46,7 +46,8 @@ struct Args {
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
     /// keys, accept-new-keys, insecure, max-connections, max-streams,
     /// handshake-timeout, auth-timeout, stalled-stream-timeout, peer-timeout,
-    /// reboot-command, allow-tcpip, durability, and a [properties] table for getprop).
+    /// reboot-command, allow-tcpip, durability, state-dir, stop-grace, and a
+    /// [properties] table for getprop).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
     /// Login shell for `adb shell` [default: /bin/sh].
@@ -77,6 +78,15 @@ struct Args {
     /// as Android's adbd) [default: full].
     #[arg(long, value_name = "full|rename|none")]
     durability: Option<oxadb_transfer::Durability>,
+    /// Where the journal of directories holding temporary push files is
+    /// kept, so that a restart removes what a killed daemon left (made if
+    /// missing) [default: /var/lib/oxadbd, when it exists].
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Seconds pushes in flight may take to finish after SIGTERM before they
+    /// are aborted (a second SIGTERM or SIGINT stops at once) [default: 5].
+    #[arg(long, value_name = "SECS")]
+    stop_grace: Option<u64>,
     /// Do not offer burst mode (`delayed_ack`); the same as `--credit classic`.
     #[arg(long, conflicts_with = "credit")]
     no_delayed_ack: bool,
@@ -269,6 +279,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     let file_budget = file.memory_budget()?;
     let durability = args.durability.or(file.durability()?).unwrap_or_default();
     oxadb_transfer::set_durability(durability);
+    let stop_grace = std::time::Duration::from_secs(
+        args.stop_grace
+            .or(file.stop_grace)
+            .unwrap_or(oxadbd::stop::DEFAULT_GRACE_SECS),
+    );
+    let state_dir = args.state_dir.or(file.state_dir.clone());
     let usb = UsbConfig::resolve(
         &UsbFlags {
             usb: args.usb,
@@ -411,6 +427,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
             None => None,
         };
+        // Once the listeners are bound (a daemon that cannot start says only
+        // why), and before the first host is served.
+        let journal = open_journal(state_dir)?;
         // The one line a service manager shows: where, who needs a key, and
         // how to trust one.
         let places = [
@@ -504,16 +523,103 @@ fn run(args: Args) -> anyhow::Result<()> {
             _ = interrupt.recv() => "SIGINT",
             _ = terminate.recv() => "SIGTERM",
         };
-        // Pushes in progress never complete now: remove their temporary files
-        // so nothing half-written is left beside a destination.
+        // The listeners are closed (their futures dropped above): a restarted
+        // daemon can bind at once. SIGINT is someone at a terminal: no grace.
+        let grace = if stopped_by == "SIGTERM" {
+            stop_grace
+        } else {
+            std::time::Duration::ZERO
+        };
+        let in_flight = oxadbd::stop::begin();
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut again = None;
+        while oxadbd::stop::active_pushes() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+                _ = interrupt.recv() => { again = Some("SIGINT"); break; }
+                _ = terminate.recv() => { again = Some("SIGTERM"); break; }
+            }
+        }
+        // Pushes still running never complete now: remove their temporary
+        // files so nothing half-written is left beside a destination.
+        let aborted = oxadbd::stop::active_pushes();
         let removed = oxadbd::services::sync::remove_unfinished_pushes();
-        tracing::info!(removed_temporary_files = removed, "{stopped_by}: exiting");
+        if aborted == 0 && journal {
+            oxadb_transfer::close_journal();
+        }
+        let finished = oxadbd::stop::finished_while_stopping();
+        if finished > 0 && again.is_none() {
+            // The OKAYs of the last pushes are queued on their connections;
+            // their tasks write them out in well under this (they end with
+            // the runtime), so the hosts hear that the pushes arrived.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        tracing::info!(
+            in_flight,
+            finished,
+            aborted,
+            removed_temporary_files = removed,
+            grace_s = grace.as_secs_f64(),
+            "{stopped_by}{}: exiting; {finished} of {in_flight} pushes in flight finished, \
+             {aborted} aborted",
+            again.map(|s| format!(" then {s}")).unwrap_or_default()
+        );
         Ok(())
     });
     // File threads of aborted pushes finish once their tasks are gone; do not
     // wait for anything else.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     result
+}
+
+/// Sweeps the state directory for what a killed daemon left and opens this
+/// daemon's journal; true when there is one. A directory given explicitly
+/// must work; without one the default is used only when it exists, so that
+/// a daemon run by a user (or in tests) still starts.
+fn open_journal(explicit: Option<PathBuf>) -> anyhow::Result<bool> {
+    let prefix = oxadb_transfer::Policy::DAEMON.temp_prefix;
+    let dir = match explicit {
+        Some(dir) => dir,
+        None => {
+            let dir = PathBuf::from(config::DEFAULT_STATE_DIR);
+            if !dir.is_dir() {
+                tracing::warn!(
+                    "no state directory {}: temporary files of a killed daemon will not be \
+                     found at start (make it, or pass --state-dir)",
+                    dir.display()
+                );
+                return Ok(false);
+            }
+            dir
+        }
+    };
+    let sweep = oxadb_transfer::open_journal(&dir, prefix)
+        .with_context(|| format!("opening the push journal in {}", dir.display()))?;
+    for problem in &sweep.problems {
+        tracing::warn!("push journal: {problem}");
+    }
+    if !sweep.removed.is_empty() || sweep.kept > 0 {
+        // The first few by name; a tree of leftovers would flood the line.
+        let mut names: Vec<String> = sweep
+            .removed
+            .iter()
+            .take(10)
+            .map(|p| p.display().to_string())
+            .collect();
+        if sweep.removed.len() > names.len() {
+            names.push(format!("and {} more", sweep.removed.len() - names.len()));
+        }
+        let names = names.join(", ");
+        tracing::info!(
+            state_dir = %dir.display(),
+            journals = sweep.journals,
+            kept_live = sweep.kept,
+            "removed {} temporary files left by a stopped daemon: {}",
+            sweep.removed.len(),
+            names
+        );
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

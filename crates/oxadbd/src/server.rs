@@ -442,6 +442,11 @@ async fn dispatch(connection: Connection, daemon: Arc<Daemon>, transport: Transp
     // transport's listeners when it disconnects, `adb_listeners.cpp`).
     let reverses = reverse::Reverses::new(connection.clone());
     while let Some(incoming) = connection.next_incoming().await {
+        if crate::stop::stopping() {
+            refusal!(refusals, service = %incoming.service(), "refusing stream: oxadbd is stopping");
+            incoming.refuse();
+            continue;
+        }
         let daemon = daemon.clone();
         let refusals = refusals.clone();
         let reverses = reverses.clone();

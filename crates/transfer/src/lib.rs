@@ -23,6 +23,7 @@
 mod destination;
 mod durable;
 mod inbox;
+mod journal;
 mod sink;
 mod source;
 mod temp;
@@ -32,6 +33,7 @@ mod testdata;
 pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
 pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
+pub use journal::{close_journal, open_journal, JournalError, Sweep};
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{
     enable_zero_copy, send_frames, zero_copy_enabled, BufferPool, FrameRanges, Framing, SendError,

@@ -114,6 +114,8 @@ pub fn create_beside<T>(
     let dir = parent_dir(destination);
     let mut changed_dirs = vec![dir.clone()];
     let mut made_parents = false;
+    // Recorded before the entry exists, so a crash right after leaves nothing unknown.
+    crate::journal::note_dir(&dir, policy.temp_prefix);
     // Names are unique per process; a clash means a leftover from a dead process.
     for _ in 0..64 {
         let name = format!(

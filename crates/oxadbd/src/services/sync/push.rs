@@ -95,6 +95,15 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
     /// Feeds the push's `DATA` frames to a file thread and answers `OKAY` or `FAIL`.
     async fn push(&mut self, job: PushJob) -> Result<Flow, SyncError> {
         let path = job.path.clone();
+        let Some(in_flight) = crate::stop::push_started() else {
+            self.fail(&format!(
+                "couldn't push '{}': oxadbd is stopping",
+                path.display()
+            ))
+            .await?;
+            self.drain_failed_push().await;
+            return Ok(Flow::End);
+        };
         let (chunks, queue) = mpsc::channel(CHUNK_QUEUE_DEPTH);
         let worker = tokio::task::spawn_blocking(move || job.run(ChunkReader::new(queue)));
 
@@ -183,6 +192,8 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
             (Some(stream_error), _) => Err(stream_error),
             (None, Ok(())) => {
                 self.send(&wire::encode_okay()).await?;
+                // Finished once the OKAY is queued: a stopping daemon waits for this.
+                in_flight.finished();
                 Ok(Flow::Continue)
             }
             (None, Err(failure)) => {

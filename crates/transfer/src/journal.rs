@@ -1,0 +1,437 @@
+//! The journal of directories that may hold this process's temporary entries,
+//! so that a restarted process finds what a killed one (SIGKILL, a power
+//! cut) left beside its destinations, and removes it at start.
+//!
+//! Cheap by design: what is recorded is the *directory*, once per process, not
+//! each temporary entry. A push into a directory already recorded costs
+//! nothing more; a new directory costs one append (and one `fdatasync` unless
+//! durability is `none`, since a power cut may keep the temporary entry and
+//! lose an unsynced journal line). The entry's name says who owns it
+//! (`<prefix><pid>.<n>`), so the sweep at start removes only entries whose
+//! owner is no longer running.
+//!
+//! Each process appends to a file of its own, `pending-dirs.<pid>`, in the
+//! state directory: several daemons may share one state directory (tests run
+//! many at once) without locking, and a sweep never rewrites a live process's
+//! journal. A journal is removed once swept, or when its process stops with
+//! nothing left unfinished.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use tracing::{debug, warn};
+
+use crate::durable::{durability, sync_dir};
+use crate::Durability;
+
+/// Journal file names: this prefix and the owning process's id.
+const JOURNAL_PREFIX: &str = "pending-dirs.";
+
+static JOURNAL: OnceLock<Journal> = OnceLock::new();
+
+/// Why the journal could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("state directory '{}': {action}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error(
+        "state directory '{}': owned by uid {uid} with mode {mode:o}: it must be this \
+         process's own and not writable by others (its journals say what to delete)",
+        path.display()
+    )]
+    NotPrivate { path: PathBuf, uid: u32, mode: u32 },
+    #[error("a journal is already open in this process ('{}')", .0.display())]
+    AlreadyOpen(PathBuf),
+}
+
+/// What the sweep at start found.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    /// Leftover temporary entries removed (files, links or whole directories).
+    pub removed: Vec<PathBuf>,
+    /// Temporary entries kept because their owner still runs.
+    pub kept: usize,
+    /// Journals of dead processes read (and removed).
+    pub journals: usize,
+    /// Problems that did not stop the sweep (a directory that cannot be read):
+    /// each names the path and the cause.
+    pub problems: Vec<String>,
+}
+
+struct Journal {
+    /// This process's journal file.
+    path: PathBuf,
+    prefix: &'static str,
+    file: Mutex<File>,
+    /// Directories already recorded by this process.
+    recorded: Mutex<HashSet<PathBuf>>,
+}
+
+/// Sweeps `state_dir` (made if missing, mode 0700) for the journals of
+/// processes no longer running, removes the temporary entries named
+/// `<prefix><pid>.<n>` they point at whose owner is gone, and opens this
+/// process's journal. Must run before this process makes any temporary entry
+/// (a leftover carrying this process's id is taken for a dead namesake's).
+pub fn open_journal(state_dir: &Path, prefix: &'static str) -> Result<Sweep, JournalError> {
+    let io_error = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| JournalError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    if let Some(journal) = JOURNAL.get() {
+        return Err(JournalError::AlreadyOpen(journal.path.clone()));
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .map_err(io_error("creating it", state_dir))?;
+    let md = fs::metadata(state_dir).map_err(io_error("reading it", state_dir))?;
+    let euid = rustix::process::geteuid().as_raw();
+    if md.uid() != euid || md.mode() & 0o022 != 0 {
+        return Err(JournalError::NotPrivate {
+            path: state_dir.to_path_buf(),
+            uid: md.uid(),
+            mode: md.mode() & 0o7777,
+        });
+    }
+    let mut sweep = Sweep::default();
+    let me = std::process::id();
+    let entries = fs::read_dir(state_dir).map_err(io_error("listing it", state_dir))?;
+    for entry in entries {
+        let entry = entry.map_err(io_error("listing it", state_dir))?;
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(JOURNAL_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let Ok(md) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if pid != me && owner_runs(pid, &md) {
+            continue;
+        }
+        sweep.journals += 1;
+        if sweep_journal(&path, prefix, &mut sweep) {
+            if let Err(e) = fs::remove_file(&path) {
+                sweep
+                    .problems
+                    .push(format!("couldn't remove journal '{}': {e}", path.display()));
+            }
+        }
+    }
+    let path = state_dir.join(format!("{JOURNAL_PREFIX}{me}"));
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_error("creating its journal", &path))?;
+    // A namesake's journal swept above was removed; this one starts empty.
+    file.set_len(0)
+        .map_err(io_error("emptying its journal", &path))?;
+    sync_dir(state_dir).map_err(io_error("syncing it", state_dir))?;
+    let journal = Journal {
+        path: path.clone(),
+        prefix,
+        file: Mutex::new(file),
+        recorded: Mutex::new(HashSet::new()),
+    };
+    JOURNAL
+        .set(journal)
+        .map_err(|_| JournalError::AlreadyOpen(path))?;
+    Ok(sweep)
+}
+
+/// Removes this process's journal, for a process that stops with no
+/// temporary entry left (it would only cost the next start a sweep).
+pub fn close_journal() {
+    if let Some(journal) = JOURNAL.get() {
+        if let Err(e) = fs::remove_file(&journal.path) {
+            warn!("couldn't remove journal '{}': {e}", journal.path.display());
+        }
+    }
+}
+
+/// Records `dir` in this process's journal before a temporary entry named
+/// with `prefix` is made there. Without a journal (or for another prefix)
+/// nothing happens; a failure is logged and the transfer goes on.
+pub(crate) fn note_dir(dir: &Path, prefix: &str) {
+    let Some(journal) = JOURNAL.get() else {
+        return;
+    };
+    if journal.prefix != prefix {
+        return;
+    }
+    let dir = match std::path::absolute(dir) {
+        Ok(dir) => dir,
+        Err(e) => {
+            warn!(
+                "journal: couldn't make '{}' absolute: {e}; a leftover there would not be found",
+                dir.display()
+            );
+            return;
+        }
+    };
+    if journal.recorded().contains(&dir) {
+        return;
+    }
+    // One line per directory, NUL-terminated (a path may hold a newline);
+    // the sweep ignores a torn last line.
+    let mut line = dir.as_os_str().as_bytes().to_vec();
+    line.push(0);
+    let result = {
+        let mut file = journal
+            .file
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        file.write_all(&line).and_then(|()| {
+            if durability() == Durability::None {
+                Ok(())
+            } else {
+                file.sync_data()
+            }
+        })
+    };
+    match result {
+        Ok(()) => {
+            debug!(dir = %dir.display(), "journal: recorded");
+            journal.recorded().insert(dir);
+        }
+        Err(e) => warn!(
+            "journal '{}': couldn't record '{}': {e}; a leftover there would not be found",
+            journal.path.display(),
+            dir.display()
+        ),
+    }
+}
+
+impl Journal {
+    fn recorded(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        self.recorded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Sweeps the directories one dead process's journal names. False when a
+/// directory could not be read (the journal is kept for a later start).
+fn sweep_journal(journal: &Path, prefix: &str, sweep: &mut Sweep) -> bool {
+    let bytes = match fs::read(journal) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            sweep.problems.push(format!(
+                "couldn't read journal '{}': {e}",
+                journal.display()
+            ));
+            return false;
+        }
+    };
+    let mut complete = true;
+    let mut seen = HashSet::new();
+    // The part after the last NUL is a line torn by a crash: its directory
+    // never got a temporary entry (the line is written first).
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == 0).collect();
+    lines.pop();
+    for line in lines.into_iter().filter(|line| !line.is_empty()) {
+        let dir = PathBuf::from(std::ffi::OsStr::from_bytes(line));
+        if seen.insert(dir.clone()) {
+            complete &= sweep_dir(&dir, prefix, sweep);
+        }
+    }
+    complete
+}
+
+/// Removes the entries of `dir` named `<prefix><pid>.<n>` whose owner is gone.
+fn sweep_dir(dir: &Path, prefix: &str, sweep: &mut Sweep) -> bool {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // Removed since (or a made parent that never came to be): nothing to do.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
+        Err(e) => {
+            sweep
+                .problems
+                .push(format!("couldn't list '{}': {e}", dir.display()));
+            return false;
+        }
+    };
+    let me = std::process::id();
+    let mut complete = true;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = temp_owner(name.as_bytes(), prefix) else {
+            continue;
+        };
+        let path = entry.path();
+        let Ok(md) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if pid != me && owner_runs(pid, &md) {
+            sweep.kept += 1;
+            continue;
+        }
+        // Not followed: a temporary link is removed itself, a temporary
+        // directory (an atomic directory push) with all it holds.
+        let removed = if md.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => sweep.removed.push(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                complete = false;
+                sweep
+                    .problems
+                    .push(format!("couldn't remove '{}': {e}", path.display()));
+            }
+        }
+    }
+    complete
+}
+
+/// The process id in a temporary entry's name `<prefix><pid>.<n>`.
+fn temp_owner(name: &[u8], prefix: &str) -> Option<u32> {
+    let rest = name.strip_prefix(prefix.as_bytes())?;
+    let dot = rest.iter().position(|&b| b == b'.')?;
+    let (pid, n) = (&rest[..dot], &rest[dot + 1..]);
+    if n.is_empty() || !n.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(pid).ok()?.parse().ok()
+}
+
+/// Whether process `pid` may own the entry `md` describes: it runs the same
+/// program as this process (its `comm`) and started no later than the entry
+/// last changed (a reused pid started afterwards). In doubt it does: a live
+/// transfer must never lose its file.
+fn owner_runs(pid: u32, md: &fs::Metadata) -> bool {
+    let Ok(comm) = fs::read_to_string(format!("/proc/{pid}/comm")) else {
+        return false;
+    };
+    let own = fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    if comm != own {
+        return false;
+    }
+    match process_start_secs(pid) {
+        // A second of slack for the clock tick rounding of the start time.
+        Some(started) => started <= md.ctime() + 1,
+        None => true,
+    }
+}
+
+/// When process `pid` started, in seconds since the epoch (proc(5):
+/// `starttime` in `/proc/PID/stat` counts clock ticks since boot, `btime`
+/// in `/proc/stat` is the boot time).
+fn process_start_secs(pid: u32) -> Option<i64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may itself hold blanks and ')'.
+    let after = &stat[stat.rfind(')')? + 1..];
+    // `starttime` is field 22; `after` begins with field 3.
+    let ticks: i64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: i64 = fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| boot + ticks / hz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_state_dir_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o1777)).unwrap();
+        let error = open_journal(&state, ".oxadb-sharedtest.").unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, JournalError::NotPrivate { .. }), "{text}");
+        assert!(text.contains(&format!("'{}'", state.display())), "{text}");
+        assert!(text.contains("mode 1777"), "{text}");
+        assert!(JOURNAL.get().is_none());
+    }
+
+    #[test]
+    fn temp_names_give_their_owner() {
+        assert_eq!(temp_owner(b".oxadb-push.123.4", ".oxadb-push."), Some(123));
+        assert_eq!(temp_owner(b".oxadb-push.123.", ".oxadb-push."), None);
+        assert_eq!(temp_owner(b".oxadb-push.x.4", ".oxadb-push."), None);
+        assert_eq!(temp_owner(b".oxadb-pull.1.4", ".oxadb-push."), None);
+        assert_eq!(temp_owner(b"file", ".oxadb-push."), None);
+    }
+
+    #[test]
+    fn this_process_runs_and_a_later_start_does_not_own_older_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        let md = fs::metadata(&file).unwrap();
+        // This process started before the file was made.
+        assert!(owner_runs(std::process::id(), &md));
+        let started = process_start_secs(std::process::id()).unwrap();
+        assert!(started <= md.ctime() + 1);
+        // pid 0 is never a process with a /proc entry.
+        assert!(!owner_runs(0, &md));
+    }
+
+    #[test]
+    fn sweep_removes_dead_owners_entries_and_keeps_live_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = ".oxadb-sweeptest.";
+        // A pid that cannot run now: above the kernel's pid_max limit.
+        let dead = 4_194_305;
+        let me = std::process::id();
+        let dead_file = dir.path().join(format!("{prefix}{dead}.0"));
+        let dead_dir = dir.path().join(format!("{prefix}{dead}.1"));
+        let namesake = dir.path().join(format!("{prefix}{me}.2"));
+        let other = dir.path().join("keep-me");
+        fs::write(&dead_file, b"x").unwrap();
+        fs::create_dir(&dead_dir).unwrap();
+        fs::write(dead_dir.join("inner"), b"y").unwrap();
+        fs::write(&namesake, b"z").unwrap();
+        fs::write(&other, b"w").unwrap();
+        let journal = dir.path().join("j");
+        let mut text = dir.path().as_os_str().as_bytes().to_vec();
+        text.extend_from_slice(b"\0/nonexistent/dir\0/torn");
+        fs::write(&journal, text).unwrap();
+        let mut sweep = Sweep::default();
+        assert!(sweep_journal(&journal, prefix, &mut sweep));
+        let mut removed = sweep.removed.clone();
+        removed.sort();
+        // An entry carrying this process's own id is a dead namesake's (the
+        // sweep runs before this process makes any).
+        let mut want = vec![dead_file.clone(), dead_dir.clone(), namesake.clone()];
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(!dead_file.exists() && !dead_dir.exists() && !namesake.exists());
+        assert!(other.exists());
+        assert_eq!(sweep.kept, 0);
+    }
+}

@@ -325,3 +325,106 @@ def test_oxadb_pull_whose_local_fsync_fails(fresh_daemon, eio_fsync_fs, tmp_path
     assert str(local) in out and EIO in out, out
     assert local.read_bytes() == OLD
     assert leftovers(eio_fsync_fs) == []
+
+
+# --- destinations written in place ---------------------------------------------
+
+def test_adb29_push_into_a_full_device_node(adb_server, fresh_daemon, tmp_path):
+    """A character device is written in place (adbd does too): a private
+    /dev/full node (1, 7) answers every write with ENOSPC."""
+    d = tmp_path / "dev"
+    d.mkdir()
+    node = d / "full"
+    r = run("mknod", str(node), "c", "1", "7")
+    assert r.returncode == 0, r.stdout
+    peer = Peer(adb_server, fresh_daemon())
+    src = tmp_path / "big.bin"
+    write_random(src, BIG)
+    connections = peer.connections()
+    r = peer("push", str(src), str(node))
+    assert r.rc != 0, r
+    assert_failed_copy(r.both, src, node, NOSPC)
+    assert node.is_char_device() and os.major(node.stat().st_rdev) == 1
+    assert sorted(p.name for p in d.iterdir()) == ["full"]
+    small = tmp_path / "small.txt"
+    small.write_bytes(NEW_SMALL)
+    r = peer("push", str(small), str(d / "after.txt"))
+    assert r.rc == 0, r
+    assert peer.connections() == connections, "adb reconnected"
+
+
+@pytest.fixture
+def bound_file(tmpfs_2m, tmp_path):
+    """A file of the full tmpfs bind-mounted onto a file of a roomy directory:
+    it cannot be renamed over (EBUSY), so the daemon copies a finished push
+    into it, as a bind-mounted /etc/hosts in a container."""
+    inner = tmpfs_2m / "config"
+    inner.write_bytes(OLD)
+    roomy = tmp_path / "roomy"
+    roomy.mkdir()
+    bound = roomy / "config"
+    bound.write_bytes(b"")
+    r = run("mount", "--bind", str(inner), str(bound))
+    assert r.returncode == 0, r.stdout
+    try:
+        yield bound
+    finally:
+        unmount(bound)
+
+
+def test_adb29_push_over_a_bind_mounted_file_on_a_full_disk(adb_server, fresh_daemon,
+                                                            bound_file, tmp_path):
+    peer = Peer(adb_server, fresh_daemon())
+    src = tmp_path / "big.bin"
+    write_random(src, BIG)
+    connections = peer.connections()
+    r = peer("push", str(src), str(bound_file))
+    assert r.rc != 0, r
+    assert_failed_copy(r.both, src, bound_file, NOSPC)
+    assert bound_file.read_bytes() == OLD, "the old content of the bound file changed"
+    assert leftovers(bound_file.parent) == []
+    small = tmp_path / "small.txt"
+    small.write_bytes(NEW_SMALL)
+    r = peer("push", str(small), str(bound_file))
+    assert r.rc == 0, r
+    assert bound_file.read_bytes() == NEW_SMALL
+    assert peer.connections() == connections, "adb reconnected"
+
+
+@pytest.fixture
+def tmpfs_few_inodes(tmp_path):
+    d = tmp_path / "few-inodes"
+    d.mkdir()
+    r = run("mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=8,mode=0755", "tmpfs", str(d))
+    assert r.returncode == 0, f"mount tmpfs: {r.stdout}"
+    try:
+        yield d
+    finally:
+        unmount(d)
+
+
+def test_adb29_directory_push_out_of_inodes(adb_server, fresh_daemon, tmpfs_few_inodes,
+                                            tmp_path):
+    """No inode left for a directory or a temporary file: ENOSPC from mkdir or
+    open, each naming its path."""
+    peer = Peer(adb_server, fresh_daemon())
+    tree = tmp_path / "tree"
+    for i in range(6):
+        (tree / f"d{i}").mkdir(parents=True)
+        (tree / f"d{i}" / "f.txt").write_bytes(b"x" * 100)
+    connections = peer.connections()
+    r = peer("push", str(tree), str(tmpfs_few_inodes))
+    assert r.rc != 0, r
+    assert "failed to copy" in r.both and NOSPC in r.both, r
+    reason = r.both.split(": remote ", 1)[1].splitlines()[0]
+    assert (reason.startswith("couldn't create file '")
+            or reason.startswith("couldn't create directory '")), r
+    assert str(tmpfs_few_inodes) in reason, r
+    assert leftovers(tmpfs_few_inodes) == []
+    for f in tmpfs_few_inodes.rglob("f.txt"):
+        assert f.read_bytes() == b"x" * 100
+    small = tmp_path / "small.txt"
+    small.write_bytes(NEW_SMALL)
+    r = peer("push", str(small), str(tmp_path / "after.txt"))
+    assert r.rc == 0, r
+    assert peer.connections() == connections, "adb reconnected"

@@ -256,17 +256,14 @@ impl Destination {
                         if policy.copy_when_busy && e.raw_os_error() == Some(libc::EBUSY) =>
                     {
                         debug!("sync: '{}' is busy ({e}); copying in place", path.display());
-                        fs::copy(temp.path(), &path).map_err(|e| DestError::new(Step::Write, e))?;
+                        let copied = copy_into_busy(temp.path(), &path)
+                            .map_err(|e| DestError::new(Step::Write, e))?;
                         if let Some(mtime) = attributes.mtime {
                             if let Err(e) = set_times_at(&path, mtime, true) {
                                 warn!("sync: couldn't set the mtime of '{}': {e}", path.display());
                             }
                         }
                         // Its name did not change: only the copied data needs flushing.
-                        let copied = OpenOptions::new()
-                            .write(true)
-                            .open(&path)
-                            .map_err(|e| DestError::new(Step::Write, e))?;
                         sync_in_place(&copied, &path, durability).map_err(flush_failed)
                     }
                     Err((_, e)) => Err(DestError::new(Step::Replace, e)),
@@ -274,6 +271,33 @@ impl Destination {
             }
         }
     }
+}
+
+/// Copies the finished file `from` into the busy destination `to` (a mount
+/// point) without truncating it first: the space for the new content is
+/// reserved (`fallocate`, `FALLOC_FL_KEEP_SIZE`) before a byte is
+/// overwritten, so a full disk or a quota (ENOSPC, EDQUOT) fails the push
+/// with the old content intact. Returns the destination, open for flushing.
+fn copy_into_busy(from: &Path, to: &Path) -> io::Result<File> {
+    let mut source = File::open(from)?;
+    let len = source.metadata()?.len();
+    let destination = OpenOptions::new().write(true).open(to)?;
+    let old_len = destination.metadata()?.len();
+    if len > 0 {
+        match rustix::fs::fallocate(&destination, rustix::fs::FallocateFlags::KEEP_SIZE, 0, len) {
+            Ok(()) => {}
+            // Filesystems without fallocate get the plain copy, as before.
+            Err(e) if matches!(e, rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {}
+            Err(e) => {
+                // Give back what a partial reservation took past the end.
+                let _ = destination.set_len(old_len);
+                return Err(e.into());
+            }
+        }
+    }
+    io::copy(&mut source, &mut &destination)?;
+    destination.set_len(len)?;
+    Ok(destination)
 }
 
 /// Applies `attributes` under the policy's [`ModeRule`]; `replaced` says the

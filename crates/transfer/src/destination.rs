@@ -284,10 +284,12 @@ fn copy_into_busy(from: &Path, to: &Path) -> io::Result<File> {
     let destination = OpenOptions::new().write(true).open(to)?;
     let old_len = destination.metadata()?.len();
     if len > 0 {
-        match rustix::fs::fallocate(&destination, rustix::fs::FallocateFlags::KEEP_SIZE, 0, len) {
+        use rustix::fs::{fallocate, FallocateFlags};
+        use rustix::io::Errno;
+        match fallocate(&destination, FallocateFlags::KEEP_SIZE, 0, len) {
             Ok(()) => {}
             // Filesystems without fallocate get the plain copy, as before.
-            Err(e) if matches!(e, rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {}
+            Err(Errno::OPNOTSUPP | Errno::NOSYS) => {}
             Err(e) => {
                 // Give back what a partial reservation took past the end.
                 let _ = destination.set_len(old_len);

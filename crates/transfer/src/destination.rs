@@ -416,6 +416,24 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    #[test]
+    fn copy_into_busy_replaces_longer_and_shorter_content_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        for (old, new) in [
+            (&b"a much longer old content"[..], &b"short"[..]),
+            (b"x", b"longer"),
+        ] {
+            fs::write(&to, old).unwrap();
+            fs::write(&from, new).unwrap();
+            copy_into_busy(&from, &to).unwrap();
+            assert_eq!(fs::read(&to).unwrap(), new);
+        }
+        fs::write(&from, b"").unwrap();
+        copy_into_busy(&from, &to).unwrap();
+        assert_eq!(fs::read(&to).unwrap(), b"");
+    }
+
     fn entries(dir: &Path) -> Vec<String> {
         let mut names: Vec<_> = fs::read_dir(dir)
             .unwrap()

@@ -223,7 +223,9 @@ def test_adb34_compressed_push_into_a_full_tmpfs(algorithm, adb34, fresh_daemon,
 
 def test_adb34_compressed_directory_push_into_a_full_tmpfs(adb34, fresh_daemon, tmpfs_2m,
                                                            tmp_path):
-    directory(Peer(adb34, fresh_daemon()), tmpfs_2m, tmp_path, NOSPC, "-z", "zstd")
+    d = fresh_daemon()
+    directory(Peer(adb34, d), tmpfs_2m, tmp_path, NOSPC, "-z", "zstd")
+    assert b"SND2 setup" in d.log_since(0), "adb 34 did not use SND2"
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
@@ -269,7 +271,9 @@ def test_adb29_push_over_quota(adb_server, fresh_daemon, quota_fs, tmp_path):
 
 
 def test_adb34_compressed_directory_push_over_quota(adb34, fresh_daemon, quota_fs, tmp_path):
-    directory(Peer(adb34, fresh_daemon()), quota_fs, tmp_path, DQUOT, "-z", "lz4")
+    d = fresh_daemon()
+    directory(Peer(adb34, d), quota_fs, tmp_path, DQUOT, "-z", "lz4")
+    assert b"SND2 setup" in d.log_since(0), "adb 34 did not use SND2"
 
 
 def test_adb29_push_whose_fsync_finds_no_space(adb_server, fresh_daemon, enospc_fsync_fs,

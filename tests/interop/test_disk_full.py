@@ -246,7 +246,8 @@ def test_oxadb_pushes_the_files_that_fit_in_one_process(compression, fresh_daemo
     assert d.log_since(0).count(b"connection accepted") == 1
 
 
-def test_oxadb_pull_into_a_full_local_tmpfs(fresh_daemon, tmpfs_2m, tmp_path):
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_oxadb_pull_into_a_full_local_tmpfs(compression, fresh_daemon, tmpfs_2m, tmp_path):
     d = fresh_daemon()
     remote = tmp_path / "remote"
     remote.mkdir()
@@ -254,13 +255,36 @@ def test_oxadb_pull_into_a_full_local_tmpfs(fresh_daemon, tmpfs_2m, tmp_path):
     (remote / "small.txt").write_bytes(NEW_SMALL)
     local = tmpfs_2m / "big.bin"
     local.write_bytes(OLD)
-    r = oxadb(d, tmp_path, "pull", str(remote / "big.bin"), str(remote / "small.txt"),
-              str(tmpfs_2m))
+    r = oxadb(d, tmp_path, "pull", "-z", compression, str(remote / "big.bin"),
+              str(remote / "small.txt"), str(tmpfs_2m))
     assert r.returncode != 0, r
     out = r.stdout + r.stderr
     assert str(local) in out and NOSPC in out, out
     assert local.read_bytes() == OLD
     assert (tmpfs_2m / "small.txt").read_bytes() == NEW_SMALL
+    assert leftovers(tmpfs_2m) == []
+    if compression != "none":
+        assert b"RCV2 setup" in d.log_since(0), "oxadb did not pull with RCV2"
+
+
+def test_oxadb_tree_pull_into_a_full_local_tmpfs(fresh_daemon, tmpfs_2m, tmp_path):
+    """The tree's big file does not fit: the files pulled before it are whole,
+    its old local version is kept."""
+    d = fresh_daemon()
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_bytes(b"a" * 1000)
+    write_random(tree / "sub" / "big.bin", BIG)
+    (tmpfs_2m / "tree" / "sub").mkdir(parents=True)
+    old = tmpfs_2m / "tree" / "sub" / "big.bin"
+    old.write_bytes(OLD)
+    r = oxadb(d, tmp_path, "pull", str(tree), str(tmpfs_2m))
+    assert r.returncode != 0, r
+    out = r.stdout + r.stderr
+    assert f"'{old}'" in out and NOSPC in out, out
+    assert old.read_bytes() == OLD
+    got = tmpfs_2m / "tree" / "a.txt"
+    assert not got.exists() or got.read_bytes() == b"a" * 1000
     assert leftovers(tmpfs_2m) == []
 
 

@@ -456,3 +456,39 @@ def test_adb29_directory_push_out_of_inodes(adb_server, fresh_daemon, tmpfs_few_
     r = peer("push", str(small), str(tmp_path / "after.txt"))
     assert r.rc == 0, r
     assert peer.connections() == connections, "adb reconnected"
+
+
+@pytest.fixture
+def immutable_dir_on_full_tmpfs(tmpfs_2m):
+    """A directory root may not add to (chattr +i) holding a writable file:
+    oxadb, like adb, then overwrites the file in place instead of renaming a
+    temporary file over it."""
+    d = tmpfs_2m / "locked"
+    d.mkdir()
+    (d / "pulled.bin").write_bytes(OLD)
+    r = run("chattr", "+i", str(d))
+    assert r.returncode == 0, r.stdout
+    try:
+        yield d
+    finally:
+        run("chattr", "-i", str(d))
+
+
+def test_oxadb_pull_overwriting_in_place_on_a_full_disk(fresh_daemon, immutable_dir_on_full_tmpfs,
+                                                        tmp_path):
+    d = fresh_daemon()
+    remote = tmp_path / "remote.bin"
+    write_random(remote, BIG)
+    local = immutable_dir_on_full_tmpfs / "pulled.bin"
+    r = oxadb(d, tmp_path, "pull", str(remote), str(local))
+    assert r.returncode != 0, r
+    out = r.stdout + r.stderr
+    assert f"cannot write '{local}': {NOSPC}" in out, out
+    assert local.read_bytes() == OLD, "the file was overwritten before the space was known"
+    # A file that fits is written in place, its old tail cut off.
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"new")
+    r = oxadb(d, tmp_path, "pull", str(small), str(local))
+    assert r.returncode == 0, r
+    assert local.read_bytes() == b"new"
+    assert sorted(p.name for p in immutable_dir_on_full_tmpfs.iterdir()) == ["pulled.bin"]

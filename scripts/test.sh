@@ -77,6 +77,14 @@ if ! command -v strace >/dev/null 2>&1; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y strace
 fi
 command -v strace >/dev/null 2>&1 || die "strace is still not on PATH after installing the strace package"
+# test_disk_full.py mounts tests/interop/faultfs.py through fusepy, which loads libfuse2.
+if ! ldconfig -p | grep -q 'libfuse\.so\.2'; then
+    echo "libfuse.so.2 not found: installing Debian's libfuse2 package"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y libfuse2
+fi
+ldconfig -p | grep -q 'libfuse\.so\.2' || die "libfuse.so.2 is still missing after installing the libfuse2 package"
+[ -c /dev/fuse ] || die "/dev/fuse is missing (needed by test_disk_full.py's FUSE filesystem)"
 ADB_VERSION_TEXT="$(adb version 2>&1)" || die "\`adb version\` failed: ${ADB_VERSION_TEXT}"
 echo "${ADB_VERSION_TEXT}"
 case "${ADB_VERSION_TEXT}" in

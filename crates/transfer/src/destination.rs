@@ -110,8 +110,10 @@ enum Kind {
     /// chmod'ed, retimed or removed.
     InPlace { file: File },
     /// An existing regular file in a directory we may not create files in
-    /// (but the file is writable): truncated and rewritten in place. Not
-    /// atomic, but the only way ([`Policy::overwrite_if_dir_unwritable`]).
+    /// (but the file is writable): rewritten in place from its start and cut
+    /// to the new length on commit. Not atomic, but the only way
+    /// ([`Policy::overwrite_if_dir_unwritable`]); [`Destination::reserve`]
+    /// keeps a full disk from touching it.
     Overwrite { file: File },
 }
 
@@ -180,9 +182,10 @@ impl Destination {
                 if !fs::metadata(path).is_ok_and(|m| m.is_file()) {
                     return Err(DestError::new(Step::Create, error));
                 }
+                // Not truncated here: the old content stays until the data
+                // overwrites it, after `reserve` made sure it fits.
                 let file = OpenOptions::new()
                     .write(true)
-                    .truncate(true)
                     .open(path)
                     .map_err(|_| DestError::new(Step::Create, error))?;
                 Ok(Kind::Overwrite { file })
@@ -208,6 +211,20 @@ impl Destination {
     /// the destination itself), whose writes never wait on another process.
     pub fn is_regular_file(&self) -> bool {
         !matches!(self.kind, Kind::InPlace { .. })
+    }
+
+    /// Makes sure `len` bytes of new content fit before any of an existing
+    /// destination that is overwritten in place ([`Policy::overwrite_if_dir_unwritable`])
+    /// is touched, so a full disk or a quota fails the transfer with the old
+    /// content intact. Nothing to do for the other kinds: a temporary file
+    /// leaves the destination alone anyway, and a device has no space to take.
+    pub fn reserve(&self, len: u64) -> Result<(), DestError> {
+        match &self.kind {
+            Kind::Overwrite { file } => {
+                reserve_space(file, len).map_err(|e| DestError::new(Step::Write, e))
+            }
+            Kind::Replace { .. } | Kind::InPlace { .. } => Ok(()),
+        }
     }
 
     /// Whether the destination is replaced atomically on commit.
@@ -237,6 +254,10 @@ impl Destination {
         match kind {
             Kind::InPlace { file } => sync_in_place(&file, &path, durability).map_err(flush_failed),
             Kind::Overwrite { file } => {
+                // Opened without truncation: cut what the old content had beyond the new.
+                io::Seek::stream_position(&mut &file)
+                    .and_then(|end| file.set_len(end))
+                    .map_err(|e| DestError::new(Step::Write, e))?;
                 apply(&file, &path, &policy, attributes, false)?;
                 sync_file(&file, &path, durability).map_err(flush_failed)
             }
@@ -256,22 +277,56 @@ impl Destination {
                         if policy.copy_when_busy && e.raw_os_error() == Some(libc::EBUSY) =>
                     {
                         debug!("sync: '{}' is busy ({e}); copying in place", path.display());
-                        fs::copy(temp.path(), &path).map_err(|e| DestError::new(Step::Write, e))?;
+                        let copied = copy_into_busy(temp.path(), &path)
+                            .map_err(|e| DestError::new(Step::Write, e))?;
                         if let Some(mtime) = attributes.mtime {
                             if let Err(e) = set_times_at(&path, mtime, true) {
                                 warn!("sync: couldn't set the mtime of '{}': {e}", path.display());
                             }
                         }
                         // Its name did not change: only the copied data needs flushing.
-                        let copied = OpenOptions::new()
-                            .write(true)
-                            .open(&path)
-                            .map_err(|e| DestError::new(Step::Write, e))?;
                         sync_in_place(&copied, &path, durability).map_err(flush_failed)
                     }
                     Err((_, e)) => Err(DestError::new(Step::Replace, e)),
                 }
             }
+        }
+    }
+}
+
+/// Copies the finished file `from` into the busy destination `to` (a mount
+/// point) without truncating it first: the space for the new content is
+/// reserved (`fallocate`, `FALLOC_FL_KEEP_SIZE`) before a byte is
+/// overwritten, so a full disk or a quota (ENOSPC, EDQUOT) fails the push
+/// with the old content intact. Returns the destination, open for flushing.
+fn copy_into_busy(from: &Path, to: &Path) -> io::Result<File> {
+    let mut source = File::open(from)?;
+    let len = source.metadata()?.len();
+    let destination = OpenOptions::new().write(true).open(to)?;
+    reserve_space(&destination, len)?;
+    io::copy(&mut source, &mut &destination)?;
+    destination.set_len(len)?;
+    Ok(destination)
+}
+
+/// Allocates `len` bytes from the start of `file` without changing its size
+/// or content (`fallocate`, `FALLOC_FL_KEEP_SIZE`), so that overwriting it
+/// with that much cannot fail for want of space.
+fn reserve_space(file: &File, len: u64) -> io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    use rustix::io::Errno;
+    if len == 0 {
+        return Ok(());
+    }
+    let old_len = file.metadata()?.len();
+    match fallocate(file, FallocateFlags::KEEP_SIZE, 0, len) {
+        Ok(()) => Ok(()),
+        // Filesystems without fallocate are written without the guarantee.
+        Err(Errno::OPNOTSUPP | Errno::NOSYS) => Ok(()),
+        Err(e) => {
+            // Give back what a partial reservation took past the end.
+            let _ = file.set_len(old_len);
+            Err(e.into())
         }
     }
 }
@@ -389,6 +444,24 @@ pub fn set_times_at(path: &Path, mtime: i64, follow: bool) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn copy_into_busy_replaces_longer_and_shorter_content_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        for (old, new) in [
+            (&b"a much longer old content"[..], &b"short"[..]),
+            (b"x", b"longer"),
+        ] {
+            fs::write(&to, old).unwrap();
+            fs::write(&from, new).unwrap();
+            copy_into_busy(&from, &to).unwrap();
+            assert_eq!(fs::read(&to).unwrap(), new);
+        }
+        fs::write(&from, b"").unwrap();
+        copy_into_busy(&from, &to).unwrap();
+        assert_eq!(fs::read(&to).unwrap(), b"");
+    }
 
     fn entries(dir: &Path) -> Vec<String> {
         let mut names: Vec<_> = fs::read_dir(dir)
@@ -565,6 +638,26 @@ mod tests {
             .commit_with(Attributes::default(), Durability::Full)
             .unwrap();
         assert_eq!(take_events(), [Event::SyncFile("/dev/zero".into())]);
+    }
+
+    #[test]
+    fn an_overwrite_keeps_the_old_content_until_written_and_is_cut_on_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        fs::write(&dest, b"a longer old content").unwrap();
+        let file = OpenOptions::new().write(true).open(&dest).unwrap();
+        let target = Destination {
+            path: dest.clone(),
+            policy: Policy::HOST,
+            kind: Kind::Overwrite { file },
+        };
+        target.reserve(4).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"a longer old content");
+        target.file().write_all(b"new!").unwrap();
+        target
+            .commit_with(Attributes::default(), Durability::None)
+            .unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"new!");
     }
 
     use std::os::unix::fs::FileTypeExt;

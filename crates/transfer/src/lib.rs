@@ -62,8 +62,9 @@ pub struct Policy {
     /// temporary file can be made there (the daemon, as adbd writes them).
     pub in_place_on_kernel_fs: bool,
     /// When no temporary file may be created in the directory (`EACCES`,
-    /// `EPERM`) but the destination is a writable regular file, truncate and
-    /// rewrite it in place, as adb's `file_sync_client.cpp` always does (the host).
+    /// `EPERM`) but the destination is a writable regular file, rewrite it in
+    /// place, as adb's `file_sync_client.cpp` always does (the host); unlike
+    /// adb, not truncated before the data is known to fit.
     pub overwrite_if_dir_unwritable: bool,
     /// When the rename says `EBUSY` (a bind-mounted file), copy the finished
     /// file into the destination instead (the daemon).

@@ -38,7 +38,7 @@ impl SyncSession {
         let remote_name = show(remote).into_owned();
         progress.start(&remote_name, size);
         let result = self
-            .receive_inner(remote, local, compression, attributes, progress)
+            .receive_inner(remote, local, size, compression, attributes, progress)
             .await;
         progress.finish();
         result.map_err(|error| match error {
@@ -54,6 +54,7 @@ impl SyncSession {
         &mut self,
         remote: &[u8],
         local: &Path,
+        size: Option<u64>,
         compression: wire::Compression,
         attributes: Option<PulledAttributes>,
         progress: &mut dyn Progress,
@@ -76,17 +77,28 @@ impl SyncSession {
         };
 
         let target_path = local.to_path_buf();
-        let target =
-            tokio::task::spawn_blocking(move || Destination::open(&target_path, &Policy::HOST))
-                .await
-                .map_err(|e| Error::io("pull", std::io::Error::other(e)))?
-                .map_err(|e| {
-                    transfer_error(format!(
-                        "cannot create '{}': {}",
-                        local.display(),
-                        describe_io(&e.error)
-                    ))
-                })?;
+        let target = tokio::task::spawn_blocking(move || {
+            let target = Destination::open(&target_path, &Policy::HOST)?;
+            // A file overwritten in place keeps its content if the new one cannot fit.
+            if let Some(size) = size {
+                target.reserve(size)?;
+            }
+            Ok::<_, DestError>(target)
+        })
+        .await
+        .map_err(|e| Error::io("pull", std::io::Error::other(e)))?
+        .map_err(|e| {
+            let what = if e.step == Step::Write {
+                "cannot write"
+            } else {
+                "cannot create"
+            };
+            transfer_error(format!(
+                "{what} '{}': {}",
+                local.display(),
+                describe_io(&e.error)
+            ))
+        })?;
         if let Err(error) = self.stream.write_all(&request).await {
             // Dropping the destination discards its temporary file.
             drop(target);

@@ -20,7 +20,8 @@
 //! `adb push image /dev/block/...` works; its mode and times are left alone. So
 //! are files on procfs/sysfs-like filesystems, where no temporary file can be
 //! made. A destination that is a mount point (a bind-mounted file) cannot be
-//! renamed over, so the finished temporary file is copied into it instead.
+//! renamed over, so the finished temporary file is copied into it instead,
+//! its space reserved first so that a full disk leaves the old content.
 //! Missing parent directories are created (the `fixed_push_mkdir` feature).
 //! A symlink push (`S_IFLNK` in the mode) makes the link under a temporary name,
 //! sets its own timestamp and renames it into place.

@@ -58,8 +58,7 @@ command -v cargo >/dev/null 2>&1 || die "cargo is missing"
 # ---- tools ---------------------------------------------------------------------
 if ! command -v c++ >/dev/null 2>&1; then
     echo "no C++ compiler (libFuzzer is C++): installing Debian's g++"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y g++
+    apt_install g++
 fi
 command -v c++ >/dev/null 2>&1 || die "c++ is still missing after installing g++"
 

@@ -29,8 +29,7 @@ command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb is missing"
 [ -r "$KEYRING" ] || die "$KEYRING is missing (Debian package debian-archive-keyring)"
 if ! command -v patchelf >/dev/null 2>&1; then
     echo "patchelf not found: installing Debian's patchelf package"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y patchelf
+    apt_install patchelf
 fi
 
 rm -rf "$DIR"

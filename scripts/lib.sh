@@ -15,3 +15,14 @@ as_root() {
         die "need root to run: $*"
     fi
 }
+
+# Installs Debian packages, running `apt-get update` at most once per script
+# run, scripts it starts included (the package lists do not change within one run).
+APT_LISTS_UPDATED="${APT_LISTS_UPDATED:-0}"
+apt_install() {
+    if [ "${APT_LISTS_UPDATED}" -eq 0 ]; then
+        as_root apt-get update
+        export APT_LISTS_UPDATED=1
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
+}

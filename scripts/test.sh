@@ -66,22 +66,19 @@ DIE_PREFIX=ERROR
 phase "Google adb ${ADB_WANT} (Debian package adb)"
 if ! command -v adb >/dev/null 2>&1; then
     echo "adb not found: installing Debian's adb package"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y adb
+    apt_install adb
 fi
 command -v adb >/dev/null 2>&1 || die "adb is still not on PATH after installing the adb package"
 # test_durability.py traces the daemon's fsync/rename calls.
 if ! command -v strace >/dev/null 2>&1; then
     echo "strace not found: installing Debian's strace package"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y strace
+    apt_install strace
 fi
 command -v strace >/dev/null 2>&1 || die "strace is still not on PATH after installing the strace package"
 # test_disk_full.py mounts tests/interop/faultfs.py through fusepy, which loads libfuse2.
 if ! ldconfig -p | grep -q 'libfuse\.so\.2'; then
     echo "libfuse.so.2 not found: installing Debian's libfuse2 package"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y libfuse2
+    apt_install libfuse2
 fi
 ldconfig -p | grep -q 'libfuse\.so\.2' || die "libfuse.so.2 is still missing after installing the libfuse2 package"
 [ -c /dev/fuse ] || die "/dev/fuse is missing (needed by test_disk_full.py's FUSE filesystem)"
@@ -125,8 +122,7 @@ command -v node >/dev/null 2>&1 || NODE_PKGS+=(nodejs)
 command -v npm >/dev/null 2>&1 || NODE_PKGS+=(npm)
 if [ "${#NODE_PKGS[@]}" -gt 0 ]; then
     echo "missing: ${NODE_PKGS[*]}: installing Debian's ${NODE_PKGS[*]} package(s)"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${NODE_PKGS[@]}"
+    apt_install "${NODE_PKGS[@]}"
 fi
 command -v node >/dev/null 2>&1 || die "node is still not on PATH after installing the nodejs package"
 command -v npm >/dev/null 2>&1 || die "npm is still not on PATH after installing the npm package"
@@ -166,8 +162,7 @@ command -v qemu-aarch64-static >/dev/null 2>&1 || BOARD_PKGS+=(qemu-user-static)
 command -v systemd-analyze >/dev/null 2>&1 || BOARD_PKGS+=(systemd)
 if [ "${#BOARD_PKGS[@]}" -gt 0 ]; then
     echo "missing: ${BOARD_PKGS[*]}: installing Debian's package(s)"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${BOARD_PKGS[@]}"
+    apt_install "${BOARD_PKGS[@]}"
 fi
 for tool in qemu-aarch64-static qemu-arm-static systemd-analyze dpkg-deb; do
     command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is still missing (test_static_qemu.py and test_deb.py need it)"
@@ -188,8 +183,7 @@ export OXADBD="${REPO}/target/release/oxadbd"
 # emulated-link phase needs namespaces too): `ip` comes with iproute2.
 if ! command -v ip >/dev/null 2>&1; then
     echo "missing: ip: installing Debian's iproute2"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2
+    apt_install iproute2
 fi
 command -v ip >/dev/null 2>&1 || die "ip is still missing after installing iproute2"
 # shellcheck disable=SC2086
@@ -209,8 +203,7 @@ command -v iperf3 >/dev/null 2>&1 || EMU_PKGS+=(iperf3)
 command -v ping >/dev/null 2>&1 || EMU_PKGS+=(iputils-ping)
 if [ "${#EMU_PKGS[@]}" -gt 0 ]; then
     echo "missing: ${EMU_PKGS[*]}: installing Debian's package(s)"
-    as_root apt-get update
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${EMU_PKGS[@]}"
+    apt_install "${EMU_PKGS[@]}"
 fi
 # Namespaces of other runs on this machine are not ours to judge: compare counts.
 EMU_NS_BEFORE="$(ip netns list | grep -c '^oxemu-' || true)"

@@ -354,8 +354,7 @@ fn process_start_secs(pid: u32) -> Option<i64> {
         .trim()
         .parse()
         .ok()?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = i64::try_from(rustix::param::clock_ticks_per_second()).ok()?;
     (hz > 0).then(|| boot + ticks / hz)
 }
 

@@ -120,6 +120,8 @@ pub struct FileConfig {
     pub reboot_command: Option<String>,
     /// Whether hosts may move the TCP listener (`adb tcpip PORT`, `adb usb`).
     pub allow_tcpip: Option<bool>,
+    /// Announce the TCP listener over mDNS (`false`: as `--no-mdns`).
+    pub mdns: Option<bool>,
     /// How far a pushed file is flushed before `OKAY`: `full`, `rename` or `none`.
     pub durability: Option<String>,
     /// Where the journal of directories holding temporary push files lives

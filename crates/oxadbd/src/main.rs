@@ -46,7 +46,7 @@ struct Args {
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
     /// keys, accept-new-keys, insecure, max-connections, max-streams,
     /// handshake-timeout, auth-timeout, stalled-stream-timeout, peer-timeout,
-    /// reboot-command, allow-tcpip, durability, state-dir, stop-grace, and a
+    /// reboot-command, allow-tcpip, mdns, durability, state-dir, stop-grace, and a
     /// [properties] table for getprop).
     #[arg(long, value_name = "PATH", default_value = None)]
     config: Option<PathBuf>,
@@ -165,6 +165,11 @@ struct Args {
     /// the TCP listener to another port on the same address).
     #[arg(long)]
     no_tcpip: bool,
+    /// Do not announce the TCP listener over mDNS (`_adb._tcp`,
+    /// `_adb-tls-connect._tcp`, as adbd does; what that reveals:
+    /// docs/security.md). A loopback listener is never announced.
+    #[arg(long)]
+    no_mdns: bool,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -187,6 +192,79 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
+    /// Announce `_adb-tls-pairing._tcp` for PORT until standard input ends,
+    /// then withdraw it: the pairing window's announcement on its own, for
+    /// tests, until `oxadbd pair` does it.
+    #[command(hide = true)]
+    AnnouncePairing {
+        port: u16,
+        /// The address the pairing service listens on.
+        #[arg(long, value_name = "ADDR")]
+        address: std::net::IpAddr,
+        /// Configuration file (product-model, [properties], state-dir).
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// Where the daemon keeps its mDNS instance name [default: as the daemon's].
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// The state directory the daemon uses: the one given, else the default
+/// when it exists.
+fn resolve_state_dir(explicit: Option<&PathBuf>) -> Option<PathBuf> {
+    explicit.cloned().or_else(|| {
+        let dir = PathBuf::from(config::DEFAULT_STATE_DIR);
+        dir.is_dir().then_some(dir)
+    })
+}
+
+fn announce_pairing(
+    port: u16,
+    address: std::net::IpAddr,
+    config: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let file = FileConfig::load(config.as_deref())?;
+    let state_dir = resolve_state_dir(state_dir.or(file.state_dir.clone()).as_ref());
+    let device = config::DeviceSettings::resolve(None, false, &file);
+    let model = file
+        .product_model
+        .clone()
+        .unwrap_or_else(config::default_product_model);
+    let name = file
+        .product_name
+        .clone()
+        .unwrap_or_else(config::default_product_name);
+    let dev = file
+        .product_device
+        .clone()
+        .unwrap_or_else(config::default_product_device);
+    let uname = rustix::system::uname();
+    let machine = uname.machine().to_string_lossy();
+    let props = oxadbd::services::props::Properties::new(
+        &oxadbd::services::props::Identity {
+            product_name: &name,
+            product_model: &model,
+            product_device: &dev,
+            root: rustix::process::geteuid().is_root(),
+            machine: &machine,
+        },
+        &device.properties,
+    );
+    let info = oxadbd::mdns::DeviceInfo::from_properties(&props, state_dir.as_deref());
+    let place = oxadbd::mdns::Where::of(address);
+    let guard = oxadbd::mdns::announce_pairing(port, &place, &info)?;
+    match &guard {
+        Some(guard) => println!("announcing {} on port {port}", guard.fullname()),
+        None => println!("not announcing: {address} is a loopback address"),
+    }
+    // Held until the caller closes our standard input.
+    std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink())
+        .context("reading standard input")?;
+    drop(guard);
+    println!("withdrawn");
+    Ok(())
 }
 
 fn trust_key(
@@ -273,6 +351,15 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .init();
+    if let Some(Command::AnnouncePairing {
+        port,
+        address,
+        config,
+        state_dir,
+    }) = args.command
+    {
+        return announce_pairing(port, address, config, state_dir);
+    }
 
     let file = FileConfig::load(args.config.as_deref())?;
     let file_credit = file.credit_mode()?;
@@ -285,6 +372,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or(oxadbd::stop::DEFAULT_GRACE_SECS),
     );
     let state_dir = args.state_dir.or(file.state_dir.clone());
+    let mdns = !args.no_mdns && file.mdns != Some(false);
+    let mdns_state_dir = resolve_state_dir(state_dir.as_ref());
     let usb = UsbConfig::resolve(
         &UsbFlags {
             usb: args.usb,
@@ -494,6 +583,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
         tokio::spawn(oxadb_io::trim_when_idle(std::time::Duration::from_secs(1)));
         let daemon = oxadbd::server::Daemon::new(config);
+        if mdns {
+            daemon.announce_mdns(mdns_state_dir.as_deref());
+        }
         // Without a listener, a USB host may still ask for one (`adb tcpip`).
         let tcp = async {
             oxadbd::server::serve_tcp_switchable(listener, daemon.clone())
@@ -523,6 +615,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             _ = interrupt.recv() => "SIGINT",
             _ = terminate.recv() => "SIGTERM",
         };
+        // Browsers forget the device now rather than when the records expire.
+        daemon.withdraw_mdns();
         // The listeners are closed (their futures dropped above): a restarted
         // daemon can bind at once. SIGINT is someone at a terminal: no grace.
         let grace = if stopped_by == "SIGTERM" {

@@ -37,6 +37,8 @@ pub struct Daemon {
     serves_usb: std::sync::atomic::AtomicBool,
     /// Connection slots shared by the socket transports (TCP, vsock).
     slots: Arc<Semaphore>,
+    /// The TCP listener's mDNS announcements, once [`Daemon::announce_mdns`] ran.
+    mdns: std::sync::OnceLock<crate::mdns::ConnectAnnouncer>,
 }
 
 impl Daemon {
@@ -74,7 +76,30 @@ impl Daemon {
             properties,
             switch: tcpip::Switch::default(),
             serves_usb: Default::default(),
+            mdns: Default::default(),
         })
+    }
+
+    /// Announce the TCP listener over mDNS wherever it is (docs/protocol.md,
+    /// "mDNS"), under the instance name kept in `state_dir`. Call before
+    /// serving TCP.
+    pub fn announce_mdns(&self, state_dir: Option<&std::path::Path>) {
+        let device = crate::mdns::DeviceInfo::from_properties(&self.properties, state_dir);
+        let _ = self.mdns.set(crate::mdns::ConnectAnnouncer::new(device));
+    }
+
+    /// Withdraw the mDNS announcements (goodbye packets), e.g. before exiting.
+    pub fn withdraw_mdns(&self) {
+        if let Some(mdns) = self.mdns.get() {
+            mdns.listening(None);
+        }
+    }
+
+    /// The TCP listener is now at `local`: move the announcements along.
+    fn tcp_listening(&self, listener: Option<&TcpListener>) {
+        if let Some(mdns) = self.mdns.get() {
+            mdns.listening(listener.and_then(|l| l.local_addr().ok()));
+        }
     }
 
     /// Whether the TCP connection from `peer` to `local` must authenticate,
@@ -160,6 +185,7 @@ pub async fn serve_tcp_switchable(
     let config = daemon.config.clone();
     let slots = daemon.slots.clone();
     let mut switch = daemon.switch.take_receiver();
+    daemon.tcp_listening(listener.as_ref());
     loop {
         let accepted = tokio::select! {
             accepted = accept(listener.as_ref()) => accepted,
@@ -171,6 +197,7 @@ pub async fn serve_tcp_switchable(
             } => {
                 let usb = daemon.serves_usb.load(std::sync::atomic::Ordering::Relaxed);
                 let text = tcpip::apply(request, &mut listener, config.listen.ip(), usb).await;
+                daemon.tcp_listening(listener.as_ref());
                 let _ = reply.send(text);
                 continue;
             }

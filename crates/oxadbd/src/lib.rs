@@ -4,6 +4,7 @@
 //! hosts open on them.
 pub mod auth;
 pub mod config;
+pub mod pair;
 pub mod peer_owner;
 pub mod server;
 pub mod services;

@@ -187,6 +187,80 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
+    /// Open a pairing window for `adb pair HOST:PORT CODE` (wireless
+    /// debugging): prints a random six-digit code, the address and the QR
+    /// text; the first host that proves the code gets its key added to the
+    /// keys file. Exits 0 after one pairing, non-zero when the window closes.
+    Pair(PairArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PairArgs {
+    /// Where the pairing service listens [default: 0.0.0.0:0, every
+    /// interface and a free port, as Android's].
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Seconds the window stays open [default: 120].
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// Wrong codes after which the window closes [default: 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_failures: Option<u32>,
+    /// Seconds the next attempt waits after a wrong code [default: 2].
+    #[arg(long, value_name = "SECS")]
+    failure_delay: Option<f64>,
+    /// The keys file the paired host's key is added to [default: --keys of
+    /// the config file, else /etc/oxadbd/adb_keys].
+    #[arg(long, value_name = "PATH")]
+    keys: Option<PathBuf>,
+    /// Configuration file to read `keys` from.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The device GUID sent to the host [default: adb-HOSTNAME-XXXXXX from
+    /// /etc/machine-id].
+    #[arg(long)]
+    guid: Option<String>,
+    /// The pairing service's name in the QR text [default: the GUID].
+    #[arg(long)]
+    name: Option<String>,
+}
+
+fn pair(args: PairArgs) -> anyhow::Result<()> {
+    let file = FileConfig::load(args.config.as_deref())?;
+    let keys = args
+        .keys
+        .or(file.keys)
+        .unwrap_or_else(|| PathBuf::from(oxadbd::auth::DEFAULT_KEYS_PATH));
+    let guid = args.guid.unwrap_or_else(oxadbd::pair::default_guid);
+    let failure_delay = args
+        .failure_delay
+        .map(std::time::Duration::try_from_secs_f64)
+        .transpose()
+        .context("--failure-delay")?
+        .unwrap_or(oxadbd::pair::DEFAULT_FAILURE_DELAY);
+    let options = oxadbd::pair::PairOptions {
+        listen: args.listen.unwrap_or_else(|| {
+            oxadbd::pair::DEFAULT_LISTEN
+                .parse()
+                .expect("a valid socket address")
+        }),
+        keys,
+        timeout: args
+            .timeout
+            .map(std::time::Duration::from_secs)
+            .unwrap_or(oxadbd::pair::DEFAULT_TIMEOUT),
+        max_failures: args
+            .max_failures
+            .unwrap_or(oxadbd::pair::DEFAULT_MAX_FAILURES),
+        failure_delay,
+        name: args.name.unwrap_or_else(|| guid.clone()),
+        guid,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the pairing runtime")?;
+    Ok(runtime.block_on(oxadbd::pair::run(options))?)
 }
 
 fn trust_key(
@@ -247,14 +321,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.zero_copy {
         oxadb_transfer::enable_zero_copy();
     }
-    if let Some(Command::TrustKey {
-        public_key,
-        keys,
-        config,
-    }) = args.command
-    {
-        return trust_key(&public_key, keys, config);
-    }
+    let pair_args = match args.command {
+        Some(Command::TrustKey {
+            public_key,
+            keys,
+            config,
+        }) => return trust_key(&public_key, keys, config),
+        Some(Command::Pair(pair_args)) => Some(pair_args),
+        None => None,
+    };
     oxadb_io::tune_allocator();
     let default_level = match args.verbose {
         0 => "info",
@@ -273,6 +348,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .init();
+    if let Some(pair_args) = pair_args {
+        return pair(pair_args);
+    }
 
     let file = FileConfig::load(args.config.as_deref())?;
     let file_credit = file.credit_mode()?;

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -104,13 +105,23 @@ def key_of(pub_line: str) -> str:
 
 
 def test_adb34_pairs_and_connects(pair_window, adb34, fresh_daemon):
-    w = pair_window()
+    w = pair_window("--max-failures", "1")
+    # A peer that does not speak TLS closes only its own connection and is
+    # no guess: with a limit of one failure, the window stays open.
+    host, port = w.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as junk:
+        junk.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        junk.settimeout(10)
+        # The daemon ends this connection (an alert, then EOF).
+        while junk.recv(4096):
+            pass
     r = adb34.run("pair", w.address, w.code)
     assert r.rc == 0, r
     assert f"Successfully paired to {w.address} [guid=adb-test-0xpair]" in r.out, r
     rc, out, err = w.finish()
     assert rc == 0, (out, err)
     assert f"key added to {w.keys}" in out, out
+    assert "pairing attempt failed" in err and "TLS handshake" in err, err
     host_key = key_of((adb34.home / ".android" / "adbkey.pub").read_text())
     assert [key_of(line) for line in w.keys.read_text().splitlines()] == [host_key]
     paired = w.keys.with_name("adb_keys.paired").read_text().splitlines()

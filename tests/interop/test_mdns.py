@@ -169,18 +169,35 @@ def start_daemon(link: Link, tmp_path: Path, *args: str, host: str = DEVICE,
     return daemon.start(port=PORT)
 
 
-def pairing_announcer(link: Link, tmp_path: Path, port: int) -> subprocess.Popen:
-    """`oxadbd announce-pairing` (hidden; holds the pairing guard until its
-    stdin closes), with the daemon's config and state directory."""
+PAIRING_OPEN_FOR = 4
+
+
+def pairing_window(link: Link, tmp_path: Path, port: int) -> subprocess.Popen:
+    """`oxadbd pair` on DEVICE:`port` in the device namespace, with the
+    daemon's config and state directory; nobody pairs, so its window closes
+    after PAIRING_OPEN_FOR seconds (exit 1), which withdraws the announcement."""
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", link.dev_ns, str(resolve_oxadbd()), "announce-pairing",
-         "--address", DEVICE, "--state-dir", str(tmp_path / "state"),
-         "--config", str(config_file(tmp_path)), str(port)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        ["ip", "netns", "exec", link.dev_ns, str(resolve_oxadbd()), "pair",
+         "--listen", f"{DEVICE}:{port}", "--timeout", str(PAIRING_OPEN_FOR),
+         "--keys", str(tmp_path / "adb_keys"), "--state-dir", str(tmp_path / "state"),
+         "--config", str(config_file(tmp_path))],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=clean_env(RUST_LOG="info", NO_COLOR="1"))
     line = proc.stdout.readline().decode()
-    assert line.startswith("announcing "), (line, proc.stderr.read1().decode())
+    assert line.startswith("pairing code: "), (line, proc.stderr.read1().decode())
     return proc
+
+
+def window_closed(proc: subprocess.Popen) -> None:
+    """Waits for the pairing window to close by itself: exit 1, saying so."""
+    try:
+        rc = proc.wait(timeout=PAIRING_OPEN_FOR + 15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode()
+    assert rc == 1, (rc, err)
 
 
 def instance_in(tmp_path: Path) -> str:
@@ -230,12 +247,11 @@ def test_no_mdns_flag_config_key_and_loopback_listener_announce_nothing(tmp_path
                 if i == 0:
                     # The browser works: a pairing announcement made beside
                     # the quiet daemon is seen, so "nothing" is the daemon's doing.
-                    announcer = pairing_announcer(link, work, 37001)
+                    window = pairing_window(link, work, 37001)
                     try:
                         assert browser.wait("add", PAIRING)["port"] == 37001
                     finally:
-                        announcer.stdin.close()
-                        announcer.wait(timeout=10)
+                        window_closed(window)
                     browser.wait("remove", PAIRING)
             finally:
                 daemon.stop()
@@ -247,12 +263,12 @@ def test_pairing_service_only_while_its_guard_is_held(tmp_path):
         try:
             connect = browser.wait("add", CONNECT)
             browser.wait("add", PLAIN)
-            announcer = pairing_announcer(link, tmp_path, 37123)
+            window = pairing_window(link, tmp_path, 37123)
             try:
                 pairing = browser.wait("add", PAIRING)
                 # A host that paired looks for the connect service under the
                 # pairing service's instance name (client/transport_mdns.cpp):
-                # a separate process announces the daemon's name.
+                # `oxadbd pair`, a process of its own, announces the daemon's name.
                 name = instance_in(tmp_path)
                 assert pairing["name"] == f"{name}.{PAIRING}", pairing
                 assert connect["name"] == f"{name}.{CONNECT}", connect
@@ -260,11 +276,8 @@ def test_pairing_service_only_while_its_guard_is_held(tmp_path):
                 assert pairing["addresses"] == [DEVICE], pairing
                 assert pairing["txt"]["v"] == "1", pairing
             finally:
-                # Closing its stdin drops the guard: a goodbye, then exit.
-                announcer.stdin.close()
-                out = announcer.stdout.read().decode()
-                assert announcer.wait(timeout=10) == 0
-            assert out.strip() == "withdrawn", out
+                # The window closing drops the guard: a goodbye, then exit.
+                window_closed(window)
             assert browser.wait("remove", PAIRING)["name"] == f"{name}.{PAIRING}"
             # The daemon's services stay.
             later = browser.nothing_for(1.0)

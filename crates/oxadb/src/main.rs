@@ -107,6 +107,15 @@ enum Command {
         #[arg(value_name = "HOST[:PORT]")]
         address: Option<String>,
     },
+    /// Pair with a device for wireless debugging, using the six-digit code
+    /// it shows (asked for when not given); its public key is
+    /// ~/.android/adbkey's.
+    Pair {
+        #[arg(value_name = "HOST:PORT")]
+        address: String,
+        #[arg(value_name = "CODE")]
+        code: Option<String>,
+    },
     /// Forget a connected device, or all of them.
     Disconnect {
         #[arg(value_name = "HOST[:PORT]")]
@@ -371,6 +380,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
             return cli::connect::connect(address.as_deref(), &options).await
         }
         Command::Disconnect { address } => return cli::connect::disconnect(address.as_deref()),
+        Command::Pair { address, code } => return cli::pair::pair(address, code.as_deref()).await,
         Command::KillServer => return cli::connect::kill_server(),
         Command::Devices(devices) => {
             let connected = cli::state::State::load()?.devices;
@@ -498,6 +508,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         | Command::Keygen { .. }
         | Command::Devices(_)
         | Command::Connect { .. }
+        | Command::Pair { .. }
         | Command::Disconnect { .. }
         | Command::Reconnect
         | Command::KillServer

@@ -192,22 +192,11 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
     },
-    /// Announce `_adb-tls-pairing._tcp` for PORT until standard input ends,
-    /// then withdraw it: the pairing window's announcement on its own, for
-    /// tests, until `oxadbd pair` does it.
-    #[command(hide = true)]
-    AnnouncePairing {
-        port: u16,
-        /// The address the pairing service listens on.
-        #[arg(long, value_name = "ADDR")]
-        address: std::net::IpAddr,
-        /// Configuration file (product-model, [properties], state-dir).
-        #[arg(long, value_name = "PATH")]
-        config: Option<PathBuf>,
-        /// Where the daemon keeps its mDNS instance name [default: as the daemon's].
-        #[arg(long, value_name = "DIR")]
-        state_dir: Option<PathBuf>,
-    },
+    /// Open a pairing window for `adb pair HOST:PORT CODE` (wireless
+    /// debugging): prints a random six-digit code, the address and the QR
+    /// text; the first host that proves the code gets its key added to the
+    /// keys file. Exits 0 after one pairing, non-zero when the window closes.
+    Pair(PairArgs),
 }
 
 /// The state directory the daemon uses: the one given, else the default
@@ -219,15 +208,12 @@ fn resolve_state_dir(explicit: Option<&PathBuf>) -> Option<PathBuf> {
     })
 }
 
-fn announce_pairing(
-    port: u16,
-    address: std::net::IpAddr,
-    config: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
-) -> anyhow::Result<()> {
-    let file = FileConfig::load(config.as_deref())?;
+/// What mDNS and pairing say about this device (its instance name, kept in
+/// the state directory, doubles as the pairing GUID, as adbd's
+/// `persist.adb.wifi.guid` does), from the config file as the daemon reads it.
+fn device_info(file: &FileConfig, state_dir: Option<PathBuf>) -> oxadbd::mdns::DeviceInfo {
     let state_dir = resolve_state_dir(state_dir.or(file.state_dir.clone()).as_ref());
-    let device = config::DeviceSettings::resolve(None, false, &file);
+    let device = config::DeviceSettings::resolve(None, false, file);
     let model = file
         .product_model
         .clone()
@@ -252,19 +238,86 @@ fn announce_pairing(
         },
         &device.properties,
     );
-    let info = oxadbd::mdns::DeviceInfo::from_properties(&props, state_dir.as_deref());
-    let place = oxadbd::mdns::Where::of(address);
-    let guard = oxadbd::mdns::announce_pairing(port, &place, &info)?;
-    match &guard {
-        Some(guard) => println!("announcing {} on port {port}", guard.fullname()),
-        None => println!("not announcing: {address} is a loopback address"),
-    }
-    // Held until the caller closes our standard input.
-    std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink())
-        .context("reading standard input")?;
-    drop(guard);
-    println!("withdrawn");
-    Ok(())
+    oxadbd::mdns::DeviceInfo::from_properties(&props, state_dir.as_deref())
+}
+
+#[derive(Debug, clap::Args)]
+struct PairArgs {
+    /// Where the pairing service listens [default: 0.0.0.0:0, every
+    /// interface and a free port, as Android's].
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Seconds the window stays open [default: 120].
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// Wrong codes after which the window closes [default: 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_failures: Option<u32>,
+    /// Seconds the next attempt waits after a wrong code [default: 2].
+    #[arg(long, value_name = "SECS")]
+    failure_delay: Option<f64>,
+    /// The keys file the paired host's key is added to [default: --keys of
+    /// the config file, else /etc/oxadbd/adb_keys].
+    #[arg(long, value_name = "PATH")]
+    keys: Option<PathBuf>,
+    /// Configuration file to read `keys` from.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The device GUID sent to the host [default: the daemon's mDNS
+    /// instance name, adb-SERIAL-XXXXXX, kept in the state directory].
+    #[arg(long)]
+    guid: Option<String>,
+    /// The daemon's state directory, where its instance name is kept
+    /// [default: the config file's state-dir, else /var/lib/oxadbd if it exists].
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Do not announce `_adb-tls-pairing._tcp` over mDNS while the window is open.
+    #[arg(long)]
+    no_mdns: bool,
+    /// The pairing service's name in the QR text [default: the GUID].
+    #[arg(long)]
+    name: Option<String>,
+}
+
+fn pair(args: PairArgs) -> anyhow::Result<()> {
+    let file = FileConfig::load(args.config.as_deref())?;
+    let keys = args
+        .keys
+        .or(file.keys.clone())
+        .unwrap_or_else(|| PathBuf::from(oxadbd::auth::DEFAULT_KEYS_PATH));
+    let info = device_info(&file, args.state_dir);
+    let guid = args.guid.unwrap_or_else(|| info.instance.clone());
+    let announce = (!args.no_mdns && file.mdns.unwrap_or(true)).then_some(info);
+    let failure_delay = args
+        .failure_delay
+        .map(std::time::Duration::try_from_secs_f64)
+        .transpose()
+        .context("--failure-delay")?
+        .unwrap_or(oxadbd::pair::DEFAULT_FAILURE_DELAY);
+    let options = oxadbd::pair::PairOptions {
+        listen: args.listen.unwrap_or_else(|| {
+            oxadbd::pair::DEFAULT_LISTEN
+                .parse()
+                .expect("a valid socket address")
+        }),
+        keys,
+        timeout: args
+            .timeout
+            .map(std::time::Duration::from_secs)
+            .unwrap_or(oxadbd::pair::DEFAULT_TIMEOUT),
+        max_failures: args
+            .max_failures
+            .unwrap_or(oxadbd::pair::DEFAULT_MAX_FAILURES),
+        failure_delay,
+        name: args.name.unwrap_or_else(|| guid.clone()),
+        guid,
+        announce,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the pairing runtime")?;
+    Ok(runtime.block_on(oxadbd::pair::run(options))?)
 }
 
 fn trust_key(
@@ -325,14 +378,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.zero_copy {
         oxadb_transfer::enable_zero_copy();
     }
-    if let Some(Command::TrustKey {
-        public_key,
-        keys,
-        config,
-    }) = args.command
-    {
-        return trust_key(&public_key, keys, config);
-    }
+    // Subcommands other than trust-key log like the daemon: run them after
+    // the subscriber is set up.
+    let subcommand = match args.command {
+        Some(Command::TrustKey {
+            public_key,
+            keys,
+            config,
+        }) => return trust_key(&public_key, keys, config),
+        other => other,
+    };
     oxadb_io::tune_allocator();
     let default_level = match args.verbose {
         0 => "info",
@@ -351,14 +406,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .init();
-    if let Some(Command::AnnouncePairing {
-        port,
-        address,
-        config,
-        state_dir,
-    }) = args.command
-    {
-        return announce_pairing(port, address, config, state_dir);
+    if let Some(Command::Pair(pair_args)) = subcommand {
+        return pair(pair_args);
     }
 
     let file = FileConfig::load(args.config.as_deref())?;

@@ -4,6 +4,7 @@ pub mod device_services;
 pub mod devices;
 pub mod forward;
 pub mod framebuffer;
+pub mod pair;
 pub mod raw;
 pub mod reverse;
 pub mod shell;

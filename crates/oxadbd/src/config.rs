@@ -93,6 +93,11 @@ pub struct FileConfig {
     pub keys: Option<PathBuf>,
     /// Trust and record any public key a host offers (trust on first use).
     pub accept_new_keys: Option<bool>,
+    /// `off`, `on` or `required`: STLS on TCP (`--tls`).
+    pub tls: Option<String>,
+    /// The daemon's TLS key and certificate [default: beside `keys`].
+    pub tls_key: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
     /// Allow listening beyond loopback without authentication.
     pub insecure: Option<bool>,
     pub max_connections: Option<usize>,
@@ -339,6 +344,8 @@ pub struct Access {
     pub keyless: Keyless,
     pub keys: PathBuf,
     pub accept_new_keys: bool,
+    /// When TCP hosts get TLS, and the daemon's TLS files.
+    pub tls: crate::tls::TlsSettings,
     /// Listening beyond loopback without authentication was asked for.
     pub insecure: bool,
     pub max_connections: usize,
@@ -369,6 +376,10 @@ pub struct AccessFlags {
     pub trust_local_users: bool,
     pub keys: Option<PathBuf>,
     pub accept_new_keys: bool,
+    /// `--tls`, `--tls-key`, `--tls-cert`.
+    pub tls: Option<crate::tls::TlsMode>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
     pub insecure: bool,
     pub max_connections: Option<usize>,
     pub max_streams: Option<usize>,
@@ -486,13 +497,29 @@ impl Access {
         let seconds = |flag: Option<u64>, key: Option<u64>, default: Duration| {
             flag.or(key).map_or(default, Duration::from_secs)
         };
+        let keys = flags
+            .keys
+            .clone()
+            .or_else(|| file.keys.clone())
+            .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH));
+        let tls_mode = match (flags.tls, &file.tls) {
+            (Some(mode), _) => Some(mode),
+            (None, Some(text)) => Some(text.parse().map_err(|message| ConfigError::BadValue {
+                path: PathBuf::from(file_path()),
+                message: format!("tls: {message}"),
+            })?),
+            (None, None) => None,
+        };
+        let tls = crate::tls::TlsSettings::resolve(
+            tls_mode,
+            flags.tls_key.clone().or_else(|| file.tls_key.clone()),
+            flags.tls_cert.clone().or_else(|| file.tls_cert.clone()),
+            &keys,
+        );
         Ok(Access {
             keyless,
-            keys: flags
-                .keys
-                .clone()
-                .or_else(|| file.keys.clone())
-                .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH)),
+            keys,
+            tls,
             accept_new_keys: flags.accept_new_keys || file.accept_new_keys == Some(true),
             insecure,
             max_connections: flags

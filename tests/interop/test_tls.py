@@ -219,3 +219,45 @@ def test_adb34_with_an_unknown_key_is_refused(adb34_bin, adb34, fresh_daemon, tm
         srv.disconnect(d.serial)
     finally:
         srv.kill()
+
+
+def run_oxadb(home: Path, serial: str, *args: str, timeout: float = 60.0):
+    cp = subprocess.run([str(resolve_oxadb()), "-s", serial, *args], stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, timeout=timeout, env=clean_env(HOME=str(home)))
+    return cp.returncode, cp.stdout.decode("utf-8", "replace"), cp.stderr.decode(
+        "utf-8", "replace")
+
+
+def test_oxadb_shell_push_pull_over_tls_required(fresh_daemon, tmp_path):
+    home = tmp_path / "home"
+    (home / ".android").mkdir(parents=True)
+    cp = subprocess.run([str(resolve_oxadb()), "keygen", str(home / ".android" / "adbkey")],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60,
+                        env=clean_env(HOME=str(home)))
+    assert cp.returncode == 0, cp.stdout
+    d = tls_daemon(fresh_daemon, tmp_path, "required", [home / ".android" / "adbkey.pub"])
+    rc, out, err = run_oxadb(home, d.serial, "shell", "echo via oxadb")
+    assert (rc, out) == (0, "via oxadb\n"), err
+    assert d.wait_for_log(lambda t: "TLS 1.3 established" in t, timeout=10)
+    src = tmp_path / "src.bin"
+    digest = write_random(src, SIZE)
+    remote = tmp_path / "remote.bin"
+    rc, out, err = run_oxadb(home, d.serial, "push", str(src), str(remote))
+    assert rc == 0, err
+    assert sha256_file(remote) == digest
+    back = tmp_path / "back.bin"
+    rc, out, err = run_oxadb(home, d.serial, "pull", str(remote), str(back))
+    assert rc == 0, err
+    assert sha256_file(back) == digest
+    text = d.log_since(0).decode("utf-8", "replace")
+    assert text.count("TLS 1.3 established") == 3, text[-3000:]
+    assert "host authenticated" not in text and "closing connection" not in text, text[-3000:]
+
+    # Another key: the daemon refuses its certificate, and oxadb says so.
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    rc, out, err = run_oxadb(stranger, d.serial, "shell", "echo hi")
+    assert rc != 0, (rc, out, err)
+    line = d.wait_for_log(lambda t: "RSA key is not in" in t, timeout=10)
+    assert line and "TLS handshake failed" in line, d.log_since(0)[-3000:]
+    assert "certificate" in err or "TLS" in err, err

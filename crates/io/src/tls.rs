@@ -473,7 +473,7 @@ async fn start_tls(
             let stream = tokio_rustls::TlsAcceptor::from(config.clone())
                 .accept(stream)
                 .await
-                .map_err(|error| ConnectionError::Tls(error.to_string()))?;
+                .map_err(|error| ConnectionError::Tls(describe(&error)))?;
             tokio_rustls::TlsStream::Server(stream)
         }
         Some(TlsSide::Host(config)) => {
@@ -481,7 +481,7 @@ async fn start_tls(
             let stream = tokio_rustls::TlsConnector::from(config.clone())
                 .connect(name, stream)
                 .await
-                .map_err(|error| ConnectionError::Tls(error.to_string()))?;
+                .map_err(|error| ConnectionError::Tls(describe(&error)))?;
             tokio_rustls::TlsStream::Client(stream)
         }
         None => {
@@ -510,9 +510,32 @@ async fn read_exact(
     Ok(())
 }
 
+/// A TLS error in words: our own reason for refusing a certificate as it
+/// was given, rustls' text otherwise.
+fn describe(error: &std::io::Error) -> String {
+    match error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(other)))) => {
+            format!("certificate refused: {other}")
+        }
+        Some(rustls::Error::AlertReceived(alert)) => alert_text(*alert),
+        _ => error.to_string(),
+    }
+}
+
+fn alert_text(alert: rustls::AlertDescription) -> String {
+    format!(
+        "the peer ended TLS with alert {alert:?} (a device does when our certificate's \
+         key is not among its trusted keys: `oxadbd trust-key ~/.android/adbkey.pub` there)"
+    )
+}
+
 /// A TLS stream's read half that reports a peer closing without TLS's
-/// close_notify as a plain end of file: adb closes its socket without one,
-/// and the driver tells a clean end from a truncated packet by itself.
+/// close_notify as a plain end of file (adb closes its socket without one,
+/// and the driver tells a clean end from a truncated packet by itself),
+/// and a TLS alert in words.
 pub struct EofAsEnd<R>(pub R);
 
 impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EofAsEnd<R> {
@@ -526,6 +549,22 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EofAsEnd<R> {
                 if error.kind() == std::io::ErrorKind::UnexpectedEof =>
             {
                 std::task::Poll::Ready(Ok(()))
+            }
+            std::task::Poll::Ready(Err(error)) => {
+                let alert = error
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<rustls::Error>())
+                    .and_then(|e| match e {
+                        rustls::Error::AlertReceived(alert) => Some(*alert),
+                        _ => None,
+                    });
+                match alert {
+                    Some(alert) => std::task::Poll::Ready(Err(std::io::Error::new(
+                        error.kind(),
+                        alert_text(alert),
+                    ))),
+                    None => std::task::Poll::Ready(Err(error)),
+                }
             }
             other => other,
         }

@@ -261,3 +261,29 @@ def test_oxadb_shell_push_pull_over_tls_required(fresh_daemon, tmp_path):
     line = d.wait_for_log(lambda t: "RSA key is not in" in t, timeout=10)
     assert line and "TLS handshake failed" in line, d.log_since(0)[-3000:]
     assert "certificate" in err or "TLS" in err, err
+
+
+def test_adb34_presents_the_key_the_daemon_hints_at(adb34_bin, fresh_daemon, tmp_path):
+    """adb 34 with two keys presents its first one unless the device's CA
+    list names another (AOSP tls/adb_ca_list.cpp): only the second is
+    trusted here, so the connection works only if the daemon's hints do."""
+    vendor = tmp_path / "vendor" / "adbkey"
+    vendor.parent.mkdir()
+    cp = subprocess.run([str(resolve_oxadb()), "keygen", str(vendor)], stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, timeout=60)
+    assert cp.returncode == 0, cp.stdout
+    srv = AdbServer(adb34_bin, tmp_path / "two-keys")
+    srv.env["ADB_VENDOR_KEYS"] = str(vendor)
+    try:
+        srv.start()
+        d = tls_daemon(fresh_daemon, tmp_path, "required", [Path(str(vendor) + ".pub")],
+                       name="hints")
+        srv.connect(d.serial)
+        r = srv.run("shell", "echo hinted", serial=d.serial)
+        assert r.rc == 0 and r.out == "hinted\n", r
+        text = d.log_since(0).decode("utf-8", "replace")
+        assert "TLS 1.3 established" in text and "TLS handshake failed" not in text, \
+            text[-3000:]
+        srv.disconnect(d.serial)
+    finally:
+        srv.kill()

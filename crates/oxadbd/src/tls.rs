@@ -293,3 +293,59 @@ fn ca_hints(keys: &AuthorizedKeys) -> Vec<rustls::DistinguishedName> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_plaintext_on_loopback_and_required_beyond_once_paired() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("adb_keys");
+        let settings = TlsSettings::resolve(None, None, None, &keys);
+        assert_eq!(settings.key, dir.path().join(KEY_FILE));
+        assert_eq!(settings.for_peer(true).0, Tls::Off);
+        assert_eq!(settings.for_peer(false).0, Tls::On);
+        std::fs::write(&settings.paired_marker, "host\n").unwrap();
+        assert_eq!(settings.for_peer(true).0, Tls::Off);
+        assert_eq!(settings.for_peer(false).0, Tls::Required);
+        let required = TlsSettings::resolve(Some(TlsMode::Required), None, None, &keys);
+        assert_eq!(required.for_peer(true).0, Tls::Required);
+        assert!("sometimes".parse::<TlsMode>().is_err());
+    }
+
+    #[test]
+    fn identity_is_made_once_with_a_private_key_file() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let settings = TlsSettings::resolve(None, None, None, &dir.path().join("adb_keys"));
+        let made = load_or_create_identity(&settings).unwrap();
+        let mode = std::fs::metadata(&settings.key)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = load_or_create_identity(&settings).unwrap();
+        assert_eq!(made.cert, again.cert);
+        assert_eq!(made.key_der(), again.key_der());
+    }
+
+    #[test]
+    fn only_keys_in_the_file_pass_and_each_gets_a_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("adb_keys");
+        let trusted = oxadb_auth::PrivateKey::generate().unwrap().public_key();
+        let stranger = oxadb_auth::PrivateKey::generate().unwrap().public_key();
+        std::fs::write(&keys, trusted.to_adbkey_pub("a@b") + "\n").unwrap();
+        let check = KeysFileCheck::new(keys.clone());
+        assert!(check.check(&trusted.to_spki_der()).is_ok());
+        let refused = check.check(&stranger.to_spki_der()).unwrap_err();
+        assert!(refused.contains("not in"), "{refused}");
+        assert_eq!(check.hints().len(), 1);
+        std::fs::remove_file(&keys).unwrap();
+        assert!(
+            check.check(&trusted.to_spki_der()).is_err(),
+            "revoked with the file"
+        );
+    }
+}

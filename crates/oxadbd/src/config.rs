@@ -1384,3 +1384,33 @@ mod tests {
         assert!(DeviceSettings::resolve(None, false, &FileConfig::default()).allow_tcpip);
     }
 }
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use crate::tls::TlsMode;
+
+    #[test]
+    fn tls_comes_from_the_flag_or_the_file_and_files_sit_beside_the_keys() {
+        let listen = parse_listen("127.0.0.1:1").unwrap();
+        let file: FileConfig =
+            toml::from_str("keys = \"/k/adb_keys\"\ntls = \"required\"\n").unwrap();
+        let access = Access::resolve(listen, &AccessFlags::default(), &file).unwrap();
+        assert_eq!(access.tls.mode, Some(TlsMode::Required));
+        assert_eq!(access.tls.key, Path::new("/k/tls_key.pem"));
+        assert_eq!(access.tls.cert, Path::new("/k/tls_cert.pem"));
+        let flags = AccessFlags {
+            tls: Some(TlsMode::Off),
+            tls_key: Some("/x.pem".into()),
+            ..AccessFlags::default()
+        };
+        let access = Access::resolve(listen, &flags, &file).unwrap();
+        assert_eq!(access.tls.mode, Some(TlsMode::Off));
+        assert_eq!(access.tls.key, Path::new("/x.pem"));
+        let bad: FileConfig = toml::from_str("tls = \"maybe\"\n").unwrap();
+        let error = Access::resolve(listen, &AccessFlags::default(), &bad).unwrap_err();
+        assert!(error.to_string().contains("tls"), "{error}");
+        let none = Access::resolve(listen, &AccessFlags::default(), &FileConfig::default());
+        assert_eq!(none.unwrap().tls.mode, None);
+    }
+}

@@ -145,6 +145,16 @@ impl PrivateKey {
             })
     }
 
+    /// The key as PKCS#8 DER, for TLS: adb's client certificate carries
+    /// this key (AOSP crypto/x509_generator.cpp).
+    pub fn to_pkcs8_der(&self) -> Vec<u8> {
+        self.key
+            .to_pkcs8_der()
+            .expect("DER encoding of an RSA private key")
+            .as_bytes()
+            .to_vec()
+    }
+
     /// The matching public key.
     pub fn public_key(&self) -> PublicKey {
         self.public.clone()

@@ -15,7 +15,7 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STAN
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use rsa::pkcs1v15::Pkcs1v15Sign;
-use rsa::pkcs8::{EncodePublicKey, LineEnding};
+use rsa::pkcs8::{DecodePublicKey, EncodePublicKey, LineEnding};
 use rsa::traits::PublicKeyParts;
 use rsa::{BigUint, RsaPublicKey};
 use sha1::Sha1;
@@ -241,6 +241,22 @@ impl PublicKey {
                 .key
                 .verify(Pkcs1v15Sign::new::<Sha1>(), token, signature)
                 .is_ok()
+    }
+
+    /// The key as a DER SubjectPublicKeyInfo (what adb's TLS CA hints hash).
+    pub fn to_spki_der(&self) -> Vec<u8> {
+        self.key
+            .to_public_key_der()
+            .expect("DER encoding of an RSA public key")
+            .into_vec()
+    }
+
+    /// A key from a DER SubjectPublicKeyInfo (a TLS certificate's key).
+    pub fn from_spki_der(der: &[u8]) -> Result<PublicKey, KeyError> {
+        let origin = "certificate";
+        let key = RsaPublicKey::from_public_key_der(der)
+            .map_err(|error| format_error(origin, format!("not an RSA public key: {error}")))?;
+        PublicKey::from_rsa(key, origin)
     }
 
     /// The key as a PEM SubjectPublicKeyInfo (`-----BEGIN PUBLIC KEY-----`),

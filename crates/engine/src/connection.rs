@@ -89,6 +89,37 @@ pub struct Config {
     /// Streams whose data waits this long for the peer's credit are closed
     /// (the driver calls [`Connection::abort_stalled_streams`]); `None`: never.
     pub stalled_stream_timeout: Option<std::time::Duration>,
+    /// Whether this connection moves to TLS with STLS (TCP only: adbd never
+    /// sends STLS over USB). Device role: whether to send it after a host's
+    /// CNXN; host role: whether to answer a device's STLS.
+    pub tls: Tls,
+}
+
+/// When a connection switches to TLS 1.3 (docs/protocol.md, "STLS").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tls {
+    /// Never: a device answers CNXN with AUTH or CNXN; a host treats STLS
+    /// as a protocol error.
+    #[default]
+    Off,
+    /// Device: STLS to hosts that can do TLS ([`host_supports_tls`]),
+    /// plaintext to the others. Host: answer STLS.
+    On,
+    /// Device: STLS to every host; a host that cannot do TLS is refused
+    /// (the connection ends with [`ProtocolError::TlsRequired`]). Host:
+    /// answer STLS.
+    Required,
+}
+
+/// Version sent in STLS's arg0 (AOSP adb.h `A_STLS_VERSION`; the only one).
+pub const STLS_VERSION: u32 = 0x0100_0000;
+
+/// Whether a host's CNXN banner says it can answer STLS. adb sends no flag
+/// for it: STLS came with Android 11's adb, and so did `sendrecv_v2`, the
+/// feature that tells its banner from older ones (Debian's adb 29 lacks
+/// both).
+pub fn host_supports_tls(banner: &Banner) -> bool {
+    banner.has_feature(feature::SENDRECV_V2)
 }
 
 impl Config {
@@ -110,6 +141,7 @@ impl Config {
             require_auth: false,
             max_streams: DEFAULT_MAX_STREAMS,
             stalled_stream_timeout: None,
+            tls: Tls::Off,
         }
     }
 
@@ -160,6 +192,15 @@ pub enum ProtocolError {
     BeforeAuth(Command),
     #[error("AUTH after authentication")]
     AuthWhenOnline,
+    #[error(
+        "TLS is required (--tls required) and the host cannot do it: its CNXN banner lacks \
+         `sendrecv_v2`, which every adb that answers STLS (Android 11 and later) lists"
+    )]
+    TlsRequired,
+    #[error("STLS with unsupported version {0:#010x}")]
+    BadStlsVersion(u32),
+    #[error("STLS where none was expected ({0})")]
+    UnexpectedStls(&'static str),
     #[error("WRTE on stream {id} beyond its credit: {detail}")]
     BeyondCredit { id: u32, detail: String },
 }
@@ -285,6 +326,12 @@ enum Handshake {
         /// The token a signature must sign; one signature each.
         token: Option<Bytes>,
     },
+    /// Device role: the host's CNXN was answered with STLS; its STLS comes next.
+    AwaitingStls { peer: Peer },
+    /// STLS exchanged: the driver runs the TLS handshake, then calls
+    /// [`Connection::tls_established`]. The device keeps the host's CNXN to
+    /// answer once TLS is up; the host waits for the device's CNXN.
+    StartingTls { peer: Option<Peer> },
     /// CNXN exchanged: streams may open.
     Online(Peer),
 }
@@ -458,6 +505,9 @@ pub struct Connection {
     /// The driver's clock (ns since an arbitrary start), for round trips and
     /// rates; set with [`Connection::set_time`]. A simulator passes virtual time.
     now_ns: u64,
+    /// Device role: the host began TLS before its STLS reached us, which
+    /// then comes inside TLS and is ignored once.
+    late_stls: bool,
 }
 
 impl Connection {
@@ -475,6 +525,7 @@ impl Connection {
             auth_challenges: 0,
             complaints: 0,
             now_ns: 0,
+            late_stls: false,
         };
         if connection.config.role == Role::Host {
             // The host speaks first on every transport.
@@ -673,8 +724,7 @@ impl Connection {
                 self.on_auth_as_host(header, payload)
             }
             Command::Auth => self.on_auth_as_device(header, payload),
-            // STLS only answers a device's STLS, which we never send.
-            Command::Stls => Err(ProtocolError::Unsupported(header.command)),
+            Command::Stls => self.on_stls(header),
             command if self.awaiting_auth() => Err(ProtocolError::BeforeAuth(command)),
             command if !self.is_online() => Err(ProtocolError::BeforeHandshake(command)),
             Command::Open => {
@@ -716,6 +766,34 @@ impl Connection {
             banner = %peer.banner.encode(),
             "CNXN negotiated"
         );
+        if self.config.role == Role::Device {
+            match self.config.tls {
+                Tls::Off => {}
+                Tls::Required if !host_supports_tls(&peer.banner) => {
+                    return Err(ProtocolError::TlsRequired);
+                }
+                Tls::On if !host_supports_tls(&peer.banner) => {
+                    tracing::info!(
+                        banner = %peer.banner.encode(),
+                        "host gets plaintext (--tls on): its CNXN banner lacks `sendrecv_v2`, \
+                         so it is an adb older than Android 11 that cannot answer STLS"
+                    );
+                }
+                Tls::On | Tls::Required => {
+                    // AOSP adb.cpp handle_new_connection: STLS is the first
+                    // answer to CNXN; AUTH is skipped (the client certificate
+                    // authenticates) and CNXN follows the TLS handshake.
+                    self.handshake = Handshake::AwaitingStls { peer };
+                    self.control.push_back(Packet::new(
+                        Command::Stls,
+                        STLS_VERSION,
+                        0,
+                        Bytes::new(),
+                    ));
+                    return Ok(());
+                }
+            }
+        }
         if self.config.role == Role::Device && self.config.require_auth {
             // A CNXN (even a repeated one: the host restarted) is answered
             // only after the host proves it holds a trusted key.
@@ -725,6 +803,82 @@ impl Connection {
         }
         self.go_online(peer);
         Ok(())
+    }
+
+    fn on_stls(&mut self, header: &Header) -> Result<(), ProtocolError> {
+        if header.arg0 != STLS_VERSION {
+            return Err(ProtocolError::BadStlsVersion(header.arg0));
+        }
+        match (&self.handshake, self.config.role) {
+            (Handshake::AwaitingStls { peer }, Role::Device) => {
+                let peer = Some(peer.clone());
+                self.handshake = Handshake::StartingTls { peer };
+                Ok(())
+            }
+            (Handshake::AwaitingCnxn, Role::Host) if self.config.tls != Tls::Off => {
+                // AOSP adb.cpp handle_packet: the host answers with its own
+                // STLS, then starts the TLS handshake as the client.
+                self.control
+                    .push_back(Packet::new(Command::Stls, STLS_VERSION, 0, Bytes::new()));
+                self.handshake = Handshake::StartingTls { peer: None };
+                Ok(())
+            }
+            (Handshake::AwaitingCnxn, Role::Host) => {
+                Err(ProtocolError::UnexpectedStls("TLS is off on this host"))
+            }
+            (Handshake::Online(_), Role::Device) if self.late_stls => {
+                self.late_stls = false;
+                Ok(())
+            }
+            (Handshake::Online(_), _) => Err(ProtocolError::UnexpectedStls("already connected")),
+            (Handshake::StartingTls { .. }, _) => {
+                Err(ProtocolError::UnexpectedStls("TLS is already starting"))
+            }
+            _ => Err(ProtocolError::UnexpectedStls("the device never sent STLS")),
+        }
+    }
+
+    /// STLS was exchanged: the driver must now run the TLS handshake on the
+    /// same socket (no packet may be read or written in plaintext) and call
+    /// [`Connection::tls_established`] once it succeeds.
+    pub fn starting_tls(&self) -> bool {
+        matches!(self.handshake, Handshake::StartingTls { .. })
+    }
+
+    /// Device role: after our STLS, the host's TLS ClientHello arrived
+    /// before its STLS. adb queues its STLS for its writer thread and starts
+    /// the handshake on another thread that holds the connection's lock
+    /// (AOSP transport.cpp `BlockingConnectionAdapter::DoTlsHandshake`), so
+    /// its STLS may follow the handshake, inside TLS; it is ignored then.
+    pub fn tls_began_early(&mut self) {
+        if let Handshake::AwaitingStls { peer } = &self.handshake {
+            let peer = Some(peer.clone());
+            self.handshake = Handshake::StartingTls { peer };
+            self.late_stls = true;
+        }
+    }
+
+    /// Device role: STLS was sent and TLS is not up yet (the host's STLS or
+    /// the TLS handshake is outstanding).
+    pub fn tls_pending(&self) -> bool {
+        matches!(
+            self.handshake,
+            Handshake::AwaitingStls { .. } | Handshake::StartingTls { .. }
+        )
+    }
+
+    /// The TLS handshake succeeded (the device checked the host's
+    /// certificate, which stands in for AUTH): a device answers the host's
+    /// CNXN now; a host waits for it.
+    pub fn tls_established(&mut self) {
+        match &self.handshake {
+            Handshake::StartingTls { peer: Some(peer) } => {
+                let peer = peer.clone();
+                self.go_online(peer);
+            }
+            Handshake::StartingTls { peer: None } => self.handshake = Handshake::AwaitingCnxn,
+            _ => {}
+        }
     }
 
     fn go_online(&mut self, peer: Peer) {
@@ -745,6 +899,8 @@ impl Connection {
         let token = match &mut self.handshake {
             Handshake::Online(_) => return Err(ProtocolError::AuthWhenOnline),
             Handshake::AwaitingCnxn => return Err(ProtocolError::BeforeHandshake(Command::Auth)),
+            // All AUTH is ignored once TLS is in use (AOSP adb.cpp handle_packet).
+            Handshake::AwaitingStls { .. } | Handshake::StartingTls { .. } => return Ok(()),
             Handshake::AwaitingAuth { token, .. } => token,
         };
         match header.arg0 {
@@ -798,6 +954,10 @@ impl Connection {
     }
 
     fn on_auth_as_host(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
+        if self.starting_tls() {
+            // AUTH is ignored once TLS is in use (AOSP adb.cpp handle_packet).
+            return Ok(());
+        }
         if header.arg0 != AUTH_TOKEN {
             return Err(ProtocolError::BadAuth(header.arg0));
         }

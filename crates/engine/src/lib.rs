@@ -10,8 +10,9 @@ pub mod send_queue;
 
 pub use budget::{BudgetLimits, Holding, MemoryBudget, Pressure, MIN_PACKET};
 pub use connection::{
-    AuthReply, Config, Connection, Event, Outgoing, Peer, ProtocolError, Read, Role, StreamError,
-    StreamId, StreamStats, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN, DEFAULT_MAX_STREAMS,
+    host_supports_tls, AuthReply, Config, Connection, Event, Outgoing, Peer, ProtocolError, Read,
+    Role, StreamError, StreamId, StreamStats, Tls, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN,
+    DEFAULT_MAX_STREAMS, STLS_VERSION,
 };
 pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT};
 

@@ -1115,3 +1115,116 @@ fn appended_payloads_make_the_same_packets_as_written_bytes() {
     assert_eq!(sizes[0], sizes[1]);
     assert!(sizes[0].iter().all(|&n| n <= 1024 * 1024));
 }
+
+/// Moves every queued packet from `from` to `to`; returns their commands.
+fn flush(from: &mut Connection, to: &mut Connection) -> Vec<Command> {
+    let mut commands = Vec::new();
+    while let Some(packet) = from.poll_transmit() {
+        deliver(to, from, &packet).unwrap();
+        commands.push(packet.command);
+    }
+    commands
+}
+
+fn tls_pair(device_tls: Tls, host_features: &[&str]) -> (Connection, Connection) {
+    let mut host_config = config(Role::Host, true);
+    host_config.tls = Tls::On;
+    for f in host_features {
+        host_config.banner.features.push(f.to_string());
+    }
+    let mut device_config = config(Role::Device, true);
+    device_config.tls = device_tls;
+    device_config.require_auth = true;
+    (Connection::new(host_config), Connection::new(device_config))
+}
+
+#[test]
+fn stls_replaces_auth_and_cnxn_follows_tls() {
+    let (mut host, mut device) = tls_pair(Tls::Required, &[feature::SENDRECV_V2]);
+    assert_eq!(flush(&mut host, &mut device), vec![Command::Cnxn]);
+    // The device answers CNXN with STLS, not AUTH, and asks for no token.
+    let Some(packet) = device.poll_transmit() else {
+        panic!("no answer to CNXN");
+    };
+    assert_eq!(
+        (packet.command, packet.arg0, packet.arg1),
+        (Command::Stls, STLS_VERSION, 0)
+    );
+    assert_eq!(device.poll_event(), None);
+    deliver(&mut host, &device, &packet).unwrap();
+    // The host answers STLS with STLS; both now run the TLS handshake.
+    assert!(host.starting_tls());
+    assert_eq!(flush(&mut host, &mut device), vec![Command::Stls]);
+    assert!(device.starting_tls());
+    assert!(!device.has_transmit() && !host.has_transmit());
+    device.tls_established();
+    host.tls_established();
+    assert_eq!(flush(&mut device, &mut host), vec![Command::Cnxn]);
+    assert!(host.is_online() && device.is_online());
+    assert_eq!(host.poll_event(), Some(Event::Connected));
+    assert_eq!(device.poll_event(), Some(Event::Connected));
+}
+
+#[test]
+fn tls_on_gives_old_hosts_plaintext_and_required_refuses_them() {
+    let (mut host, mut device) = tls_pair(Tls::On, &[]);
+    assert_eq!(flush(&mut host, &mut device), vec![Command::Cnxn]);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert!(!device.starting_tls());
+
+    let (mut host, mut device) = tls_pair(Tls::Required, &[]);
+    let packet = host.poll_transmit().unwrap();
+    assert_eq!(
+        deliver(&mut device, &host, &packet),
+        Err(ProtocolError::TlsRequired)
+    );
+}
+
+#[test]
+fn stls_is_refused_where_not_expected() {
+    // A host with TLS off, and a device that never sent STLS.
+    let mut host_config = config(Role::Host, false);
+    host_config.tls = Tls::Off;
+    let mut host = Connection::new(host_config);
+    let stls = Packet::new(Command::Stls, STLS_VERSION, 0, Bytes::new());
+    let device = Connection::new(config(Role::Device, false));
+    assert!(matches!(
+        deliver(&mut host, &device, &stls),
+        Err(ProtocolError::UnexpectedStls(_))
+    ));
+    let mut device = Connection::new(config(Role::Device, false));
+    let host = Connection::new(config(Role::Host, false));
+    assert!(matches!(
+        deliver(&mut device, &host, &stls),
+        Err(ProtocolError::UnexpectedStls(_))
+    ));
+    // A version other than AOSP's only one.
+    let (mut host, mut device) = tls_pair(Tls::Required, &[feature::SENDRECV_V2]);
+    flush(&mut host, &mut device);
+    let bad = Packet::new(Command::Stls, 2, 0, Bytes::new());
+    assert_eq!(
+        deliver(&mut device, &host, &bad),
+        Err(ProtocolError::BadStlsVersion(2))
+    );
+}
+
+#[test]
+fn a_host_stls_that_follows_its_tls_handshake_is_ignored_once() {
+    let (mut host, mut device) = tls_pair(Tls::Required, &[feature::SENDRECV_V2]);
+    flush(&mut host, &mut device);
+    assert_eq!(flush(&mut device, &mut host), vec![Command::Stls]);
+    // The host's TLS began before its STLS arrived.
+    device.tls_began_early();
+    assert!(device.starting_tls());
+    device.tls_established();
+    host.tls_established();
+    let stls = host.poll_transmit().unwrap();
+    assert_eq!(stls.command, Command::Stls);
+    deliver(&mut device, &host, &stls).unwrap();
+    assert_eq!(flush(&mut device, &mut host), vec![Command::Cnxn]);
+    assert!(device.is_online() && host.is_online());
+    assert!(matches!(
+        deliver(&mut device, &host, &stls),
+        Err(ProtocolError::UnexpectedStls(_))
+    ));
+}

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -12,10 +13,15 @@ use tokio::sync::Notify;
 
 use crate::auth::Auth;
 use crate::driver::{read_loop, sweep_stalled, write_loop, Shared, State, StreamWakers};
-use crate::sink::PacketSink;
+use crate::sink::{PacketSink, StreamSink};
 use crate::stream::AdbStream;
 use crate::tcp_sink::TcpSink;
+use crate::tls::TcpTransport;
 use crate::ConnectionError;
+
+/// The future that drives a connection started by [`Connection::start_tcp`]
+/// (spawn it); it ends with why the connection ended.
+pub type ConnectionRun = Pin<Box<dyn std::future::Future<Output = ConnectionError> + Send>>;
 
 /// A running connection. Cheap to clone; the connection ends when the peer
 /// goes away, on a protocol error, or when [`Connection::close`] is called.
@@ -96,8 +102,33 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         S: PacketSink,
     {
+        Connection::start_engine(
+            reader,
+            sink,
+            oxadb_engine::Connection::new(config),
+            label,
+            auth,
+        )
+    }
+
+    /// [`Connection::start`] with an engine that has already exchanged its
+    /// first packets ([`tls::negotiate`](crate::tls::negotiate)); events it
+    /// queued meanwhile are handled first.
+    pub fn start_engine<R, S>(
+        reader: R,
+        sink: S,
+        engine: oxadb_engine::Connection,
+        label: impl Into<String>,
+        auth: Auth,
+    ) -> (
+        Connection,
+        impl std::future::Future<Output = ConnectionError>,
+    )
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        S: PacketSink,
+    {
         let label = label.into();
-        let engine = oxadb_engine::Connection::new(config);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 engine,
@@ -119,8 +150,9 @@ impl Connection {
             epoch: std::time::Instant::now(),
             file_ranges: sink.takes_file_ranges(),
         });
-        if shared.lock().engine.has_transmit() {
-            shared.transmit.notify_one();
+        {
+            let mut state = shared.lock();
+            shared.after_engine_call(&mut state);
         }
         let connection = Connection {
             shared: shared.clone(),
@@ -151,6 +183,33 @@ impl Connection {
             closed.unwrap_or(error)
         };
         (connection, run)
+    }
+
+    /// Starts a TCP connection after [`tls::negotiate`](crate::tls::negotiate):
+    /// a plaintext socket keeps [`TcpSink`]'s fast paths (file ranges by
+    /// `sendfile`); a TLS one goes through [`StreamSink`], which copies
+    /// every payload into TLS records. `label` names the peer in logs.
+    pub fn start_tcp(
+        transport: TcpTransport,
+        engine: oxadb_engine::Connection,
+        label: String,
+        auth: Auth,
+    ) -> io::Result<(Connection, ConnectionRun)> {
+        Ok(match transport {
+            TcpTransport::Plain(stream) => {
+                let (reader, sink, _) = tcp_halves(stream)?;
+                let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
+                (connection, Box::pin(run))
+            }
+            TcpTransport::Tls(stream) => {
+                stream.get_ref().0.set_nodelay(true)?;
+                let (reader, writer) = tokio::io::split(*stream);
+                let reader = crate::tls::EofAsEnd(reader);
+                let (connection, run) =
+                    Connection::start_engine(reader, StreamSink(writer), engine, label, auth);
+                (connection, Box::pin(run))
+            }
+        })
     }
 
     /// Device role: the host sent CNXN and has not authenticated yet.

@@ -13,6 +13,8 @@
 //! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]), and
 //!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full;
 //! - [`auth`]: both roles' authentication ([`Auth`], [`Authenticator`]);
+//! - [`tls`]: STLS's TLS 1.3 on TCP, both roles ([`tls::negotiate`],
+//!   certificates, the checks of the peer's certificate);
 //! - [`peer`]: dead-peer detection on TCP sockets ([`watch_peer`]);
 //! - [`process`]: per-process settings (allocator, memory budget) and the
 //!   values both command lines parse.
@@ -30,6 +32,7 @@ pub mod process;
 pub mod sink;
 pub mod stream;
 mod tcp_sink;
+pub mod tls;
 
 pub use auth::{Auth, AuthResponder, Authenticator};
 pub use connection::{tcp_halves, Connection, Incoming};
@@ -67,6 +70,8 @@ pub enum ConnectionError {
     PeerTimedOut(Arc<io::Error>),
     #[error("I/O error: {0}")]
     Io(Arc<io::Error>),
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
     #[error("connection closed locally")]
     Closed,
 }

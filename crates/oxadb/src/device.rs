@@ -167,7 +167,7 @@ impl Device {
         } else {
             format!("{addr}:5555")
         };
-        let config = host_config(options);
+        let mut config = host_config(options);
         let connect_error = |cause| Error::Connect {
             addr: serial.clone(),
             cause,
@@ -175,25 +175,44 @@ impl Device {
         // Keys first: making one takes a while (seconds in a debug build),
         // which must not eat into the device's time limit for our CNXN.
         let (auth, keys) = host_auth(options);
+        let tls = host_tls(options, &serial);
+        if tls.is_some() {
+            config.tls = oxadb_engine::Tls::On;
+        }
         let socket = tokio::time::timeout(options.timeout, tokio::net::TcpStream::connect(&serial))
             .await
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
         oxadb_io::watch_peer(&socket, options.peer_timeout).map_err(connect_error)?;
-        let (reader, sink, label) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
-        let (reader, seen) = FirstBytes::new(reader);
-        let (connection, run) = Connection::start(reader, sink, config, label, auth);
-        tokio::spawn(run);
-        handshake(
-            connection,
-            serial,
-            None,
-            keys,
-            Some(seen),
-            options,
-            wait_for_user,
+        socket.set_nodelay(true).map_err(connect_error)?;
+        let label = socket.peer_addr().map_err(connect_error)?.to_string();
+        // CNXN, and STLS and the TLS handshake if the device asks for TLS
+        // (docs/protocol.md, "STLS"); any other answer is left for the driver.
+        let mut engine = oxadb_engine::Connection::new(config);
+        let transport = tokio::time::timeout(
+            options.timeout,
+            oxadb_io::tls::negotiate(socket, &mut engine, tls.as_ref()),
         )
         .await
+        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(|error| connect_error(std::io::Error::other(error.to_string())))?;
+        let (connection, seen) = match transport {
+            oxadb_io::tls::TcpTransport::Plain(socket) => {
+                let (reader, sink, _) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
+                let (reader, seen) = FirstBytes::new(reader);
+                let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
+                tokio::spawn(run);
+                (connection, Some(seen))
+            }
+            tls @ oxadb_io::tls::TcpTransport::Tls(_) => {
+                tracing::debug!(device = %serial, "TLS 1.3 established");
+                let (connection, run) =
+                    Connection::start_tcp(tls, engine, label, auth).map_err(connect_error)?;
+                tokio::spawn(run);
+                (connection, None)
+            }
+        };
+        handshake(connection, serial, None, keys, seen, options, wait_for_user).await
     }
 
     /// Connects to `vsock:CID[:PORT]` (another virtual machine, the host of
@@ -447,6 +466,41 @@ fn host_auth(options: &ConnectOptions) -> (Auth, Keys) {
         key_status(&status).public_key_path = dir.join("adbkey.pub").display().to_string();
     }
     (Auth::Host(auth_responder(keys, status.clone())), status)
+}
+
+/// The TLS client side for a device at `serial` that sends STLS: our
+/// certificate carries our first adb key (the one the device trusts, as
+/// adb's does: AOSP client/auth.cpp), and the device's certificate is
+/// checked by [`device_cert_check`]. `None` without keys: STLS then ends
+/// the connection.
+fn host_tls(options: &ConnectOptions, serial: &str) -> Option<oxadb_io::tls::TlsSide> {
+    if !options.authenticate {
+        return None;
+    }
+    let keys = oxadb_auth::HostKeys::load_default().ok()?;
+    let key = keys.keys().first()?;
+    let identity = match oxadb_io::tls::TlsIdentity::self_signed_rsa(key.to_pkcs8_der()) {
+        Ok(identity) => identity,
+        Err(error) => {
+            tracing::warn!(key = key.origin(), %error, "no TLS certificate for our key");
+            return None;
+        }
+    };
+    match oxadb_io::tls::client_config(&identity, device_cert_check(serial)) {
+        Ok(config) => Some(oxadb_io::tls::TlsSide::Host(config)),
+        Err(error) => {
+            tracing::warn!(%error, "no TLS client configuration");
+            None
+        }
+    }
+}
+
+/// How a device's TLS certificate is checked. adb accepts any: trust in a
+/// device comes from pairing (AOSP transport.cpp sets a verify callback that
+/// returns 1). The seam for pairing: once `oxadb pair` records a device's
+/// certificate, return a check that pins it for `serial` here.
+pub fn device_cert_check(_serial: &str) -> Arc<dyn oxadb_io::tls::DeviceCertCheck> {
+    Arc::new(oxadb_io::tls::AnyDevice)
 }
 
 /// Waits for the CNXN exchange on a started connection, whatever carries it.

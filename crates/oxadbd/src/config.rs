@@ -93,6 +93,11 @@ pub struct FileConfig {
     pub keys: Option<PathBuf>,
     /// Trust and record any public key a host offers (trust on first use).
     pub accept_new_keys: Option<bool>,
+    /// `off`, `on` or `required`: STLS on TCP (`--tls`).
+    pub tls: Option<String>,
+    /// The daemon's TLS key and certificate [default: beside `keys`].
+    pub tls_key: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
     /// Allow listening beyond loopback without authentication.
     pub insecure: Option<bool>,
     pub max_connections: Option<usize>,
@@ -341,6 +346,8 @@ pub struct Access {
     pub keyless: Keyless,
     pub keys: PathBuf,
     pub accept_new_keys: bool,
+    /// When TCP hosts get TLS, and the daemon's TLS files.
+    pub tls: crate::tls::TlsSettings,
     /// Listening beyond loopback without authentication was asked for.
     pub insecure: bool,
     pub max_connections: usize,
@@ -371,6 +378,10 @@ pub struct AccessFlags {
     pub trust_local_users: bool,
     pub keys: Option<PathBuf>,
     pub accept_new_keys: bool,
+    /// `--tls`, `--tls-key`, `--tls-cert`.
+    pub tls: Option<crate::tls::TlsMode>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
     pub insecure: bool,
     pub max_connections: Option<usize>,
     pub max_streams: Option<usize>,
@@ -488,13 +499,29 @@ impl Access {
         let seconds = |flag: Option<u64>, key: Option<u64>, default: Duration| {
             flag.or(key).map_or(default, Duration::from_secs)
         };
+        let keys = flags
+            .keys
+            .clone()
+            .or_else(|| file.keys.clone())
+            .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH));
+        let tls_mode = match (flags.tls, &file.tls) {
+            (Some(mode), _) => Some(mode),
+            (None, Some(text)) => Some(text.parse().map_err(|message| ConfigError::BadValue {
+                path: PathBuf::from(file_path()),
+                message: format!("tls: {message}"),
+            })?),
+            (None, None) => None,
+        };
+        let tls = crate::tls::TlsSettings::resolve(
+            tls_mode,
+            flags.tls_key.clone().or_else(|| file.tls_key.clone()),
+            flags.tls_cert.clone().or_else(|| file.tls_cert.clone()),
+            &keys,
+        );
         Ok(Access {
             keyless,
-            keys: flags
-                .keys
-                .clone()
-                .or_else(|| file.keys.clone())
-                .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH)),
+            keys,
+            tls,
             accept_new_keys: flags.accept_new_keys || file.accept_new_keys == Some(true),
             insecure,
             max_connections: flags
@@ -1357,5 +1384,35 @@ mod tests {
         let flags = DeviceSettings::resolve(Some("/sbin/reboot".into()), true, &file);
         assert_eq!(flags.reboot_command.as_deref(), Some("/sbin/reboot"));
         assert!(DeviceSettings::resolve(None, false, &FileConfig::default()).allow_tcpip);
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use crate::tls::TlsMode;
+
+    #[test]
+    fn tls_comes_from_the_flag_or_the_file_and_files_sit_beside_the_keys() {
+        let listen = parse_listen("127.0.0.1:1").unwrap();
+        let file: FileConfig =
+            toml::from_str("keys = \"/k/adb_keys\"\ntls = \"required\"\n").unwrap();
+        let access = Access::resolve(listen, &AccessFlags::default(), &file).unwrap();
+        assert_eq!(access.tls.mode, Some(TlsMode::Required));
+        assert_eq!(access.tls.key, Path::new("/k/tls_key.pem"));
+        assert_eq!(access.tls.cert, Path::new("/k/tls_cert.pem"));
+        let flags = AccessFlags {
+            tls: Some(TlsMode::Off),
+            tls_key: Some("/x.pem".into()),
+            ..AccessFlags::default()
+        };
+        let access = Access::resolve(listen, &flags, &file).unwrap();
+        assert_eq!(access.tls.mode, Some(TlsMode::Off));
+        assert_eq!(access.tls.key, Path::new("/x.pem"));
+        let bad: FileConfig = toml::from_str("tls = \"maybe\"\n").unwrap();
+        let error = Access::resolve(listen, &AccessFlags::default(), &bad).unwrap_err();
+        assert!(error.to_string().contains("tls"), "{error}");
+        let none = Access::resolve(listen, &AccessFlags::default(), &FileConfig::default());
+        assert_eq!(none.unwrap().tls.mode, None);
     }
 }

@@ -10,3 +10,4 @@ pub mod peer_owner;
 pub mod server;
 pub mod services;
 pub mod stop;
+pub mod tls;

@@ -44,7 +44,7 @@ struct Args {
     /// Configuration file (TOML; keys: listen, usb, ffs-dir, usb-gadget,
     /// usb-udc, shell, framebuffer, product-name, product-model, product-device, credit,
     /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
-    /// keys, accept-new-keys, insecure, max-connections, max-streams,
+    /// keys, accept-new-keys, tls, tls-key, tls-cert, insecure, max-connections, max-streams,
     /// handshake-timeout, auth-timeout, stalled-stream-timeout, peer-timeout,
     /// reboot-command, allow-tcpip, mdns, durability, state-dir, stop-grace, and a
     /// [properties] table for getprop).
@@ -128,6 +128,21 @@ struct Args {
     /// (trust on first use; every new key is logged).
     #[arg(long)]
     accept_new_keys: bool,
+    /// TLS 1.3 on TCP connections (STLS, as adbd's wireless debugging):
+    /// `off`; `on`: for hosts that can do it, plaintext for older adb;
+    /// `required`: refuse hosts that cannot [default: plaintext on
+    /// loopback; beyond it `on`, `required` once a host is paired].
+    /// Never over USB.
+    #[arg(long, value_name = "MODE")]
+    tls: Option<oxadbd::tls::TlsMode>,
+    /// The daemon's TLS private key, made on first use (mode 0600)
+    /// [default: tls_key.pem beside the keys file].
+    #[arg(long, value_name = "PATH")]
+    tls_key: Option<PathBuf>,
+    /// The daemon's TLS certificate, made with the key [default:
+    /// tls_cert.pem beside the keys file].
+    #[arg(long, value_name = "PATH")]
+    tls_cert: Option<PathBuf>,
     /// Allow listening beyond loopback without authentication: anyone who
     /// can reach the address gets a root shell. Warned at every start.
     #[arg(long)]
@@ -458,6 +473,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             trust_local_users: args.trust_local_users,
             keys: args.keys,
             accept_new_keys: args.accept_new_keys,
+            tls: args.tls,
+            tls_key: args.tls_key,
+            tls_cert: args.tls_cert,
             insecure: args.insecure,
             max_connections: args.max_connections,
             max_streams: args.max_streams,

@@ -39,6 +39,9 @@ pub struct Daemon {
     slots: Arc<Semaphore>,
     /// The TCP listener's mDNS announcements, once [`Daemon::announce_mdns`] ran.
     mdns: std::sync::OnceLock<crate::mdns::ConnectAnnouncer>,
+    /// The daemon's TLS key and certificate, read or made at the first
+    /// connection that gets TLS (`Err`: why there is none, logged then).
+    tls_identity: std::sync::OnceLock<Result<oxadb_io::tls::TlsIdentity, String>>,
 }
 
 impl Daemon {
@@ -77,6 +80,7 @@ impl Daemon {
             switch: tcpip::Switch::default(),
             serves_usb: Default::default(),
             mdns: Default::default(),
+            tls_identity: std::sync::OnceLock::new(),
         })
     }
 
@@ -100,6 +104,26 @@ impl Daemon {
         if let Some(mdns) = self.mdns.get() {
             mdns.listening(listener.and_then(|l| l.local_addr().ok()));
         }
+    }
+
+    /// The TLS server side for a host that must (`needs_key`) or need not
+    /// show a trusted key: made per connection, so the CA hints follow the
+    /// keys file.
+    fn tls_side(&self, needs_key: bool) -> Result<oxadb_io::tls::TlsSide, String> {
+        let identity = self
+            .tls_identity
+            .get_or_init(|| {
+                crate::tls::load_or_create_identity(&self.config.access.tls)
+                    .map_err(|error| error.to_string())
+            })
+            .as_ref()?;
+        let check = (needs_key && self.authenticator.is_some()).then(|| {
+            crate::tls::KeysFileCheck::new(self.config.access.keys.clone())
+                as Arc<dyn oxadb_io::tls::ClientKeyCheck>
+        });
+        oxadb_io::tls::server_config(identity, check)
+            .map(oxadb_io::tls::TlsSide::Device)
+            .map_err(|error| error.to_string())
     }
 
     /// Whether the TCP connection from `peer` to `local` must authenticate,
@@ -229,15 +253,104 @@ pub async fn serve_tcp_switchable(
             Ok(local) => daemon.tcp_needs_key(local, peer),
             Err(error) => (true, format!("key required: no local address ({error})")),
         };
-        let (reader, sink, label) = match oxadb_io::tcp_halves(socket) {
-            Ok(halves) => halves,
-            Err(error) => {
-                tracing::warn!(%peer, %error, "could not set up connection");
-                continue;
-            }
-        };
-        start_connection(&daemon, reader, sink, label, needs_key, why, &peer, slot);
+        let (tls, tls_why) = config
+            .access
+            .tls
+            .for_peer(peer_owner::is_loopback(peer.ip()));
+        tracing::info!(%peer, key = %why, tls = tls_why, "connection accepted");
+        let span = tracing::info_span!("connection", %peer);
+        tokio::spawn(
+            start_tcp_connection(daemon.clone(), socket, peer, needs_key, tls, slot)
+                .instrument(span),
+        );
     }
+}
+
+/// Runs a TCP connection's first packets on the bare socket (CNXN, and STLS
+/// and the TLS handshake when `tls` asks for them, within the handshake
+/// timeout), then the connection. A host refused for TLS is logged here.
+async fn start_tcp_connection(
+    daemon: Arc<Daemon>,
+    socket: tokio::net::TcpStream,
+    peer: SocketAddr,
+    needs_key: bool,
+    tls: oxadb_engine::Tls,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    if let Err(error) = socket.set_nodelay(true) {
+        tracing::warn!(%error, "could not set up connection");
+        return;
+    }
+    let mut engine = daemon.engine.clone();
+    engine.require_auth = needs_key && daemon.authenticator.is_some();
+    engine.tls = tls;
+    let side = if tls == oxadb_engine::Tls::Off {
+        None
+    } else {
+        match daemon.tls_side(needs_key) {
+            Ok(side) => Some(side),
+            Err(error) => {
+                tracing::warn!("closing connection: TLS is wanted but unavailable: {error}");
+                return;
+            }
+        }
+    };
+    let mut engine = oxadb_engine::Connection::new(engine);
+    let timeout = daemon.config.access.handshake_timeout;
+    let negotiated = tokio::time::timeout(
+        timeout,
+        oxadb_io::tls::negotiate(socket, &mut engine, side.as_ref()),
+    )
+    .await;
+    let transport = match negotiated {
+        Ok(Ok(transport)) => transport,
+        Ok(Err(error)) => {
+            tracing::warn!("closing connection: {error}");
+            return;
+        }
+        Err(_) if engine.tls_pending() => {
+            tracing::warn!(
+                timeout_s = timeout.as_secs(),
+                "closing connection: no STLS answer and TLS handshake in time"
+            );
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_s = timeout.as_secs(),
+                "closing connection: no CNXN in time"
+            );
+            return;
+        }
+    };
+    if transport.is_tls() {
+        tracing::info!("TLS 1.3 established: everything after STLS is encrypted");
+    }
+    let auth = match (&daemon.authenticator, needs_key, transport.is_tls()) {
+        // The TLS handshake checked the host's certificate instead of AUTH.
+        (Some(authenticator), true, false) => Auth::Device(authenticator.clone()),
+        _ => Auth::None,
+    };
+    let (connection, run) = match Connection::start_tcp(transport, engine, peer.to_string(), auth) {
+        Ok(started) => started,
+        Err(error) => {
+            tracing::warn!(%error, "could not set up connection");
+            return;
+        }
+    };
+    tokio::spawn(
+        async move {
+            let error = run.await;
+            drop(slot);
+            if error.is_clean() {
+                tracing::info!("connection closed: {error}");
+            } else {
+                tracing::warn!("closing connection: {error}");
+            }
+        }
+        .in_current_span(),
+    );
+    dispatch(connection, daemon, Transport::Tcp).await;
 }
 
 /// Starts a connection accepted on a socket transport and its dispatcher;

@@ -1,0 +1,572 @@
+//! TLS 1.3 on ADB's TCP connections, both roles (docs/protocol.md, "STLS").
+//!
+//! The STLS exchange itself is the engine's ([`oxadb_engine::Tls`]); this
+//! module runs the packets before it on the bare socket ([`negotiate`]),
+//! then the TLS handshake (rustls with ring), and hands the socket, TLS or
+//! not, to [`Connection::start_tcp`](crate::Connection::start_tcp).
+//!
+//! Certificates are self-signed and carry the RSA key that identifies the
+//! side (AOSP crypto/x509_generator.cpp): adbd checks the host's key against
+//! its `adb_keys` (daemon/auth.cpp `adbd_tls_verify_cert`), and adb accepts
+//! any device certificate, trust in the device coming from pairing.
+
+use std::fmt;
+use std::sync::Arc;
+
+use oxadb_wire::{Header, HEADER_LEN};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
+    ServerConfig, SignatureScheme,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::ConnectionError;
+
+/// A certificate and its private key: one side's TLS identity.
+pub struct TlsIdentity {
+    pub cert: CertificateDer<'static>,
+    key: PrivatePkcs8KeyDer<'static>,
+}
+
+impl Clone for TlsIdentity {
+    fn clone(&self) -> TlsIdentity {
+        TlsIdentity {
+            cert: self.cert.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+impl fmt::Debug for TlsIdentity {
+    // Never prints the key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsIdentity")
+            .field("cert_len", &self.cert.len())
+            .finish()
+    }
+}
+
+/// Why a TLS identity or configuration could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("making a self-signed certificate: {0}")]
+    Certificate(#[from] rcgen::Error),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+impl TlsIdentity {
+    /// A self-signed certificate for an RSA key (PKCS#8 DER), made the way
+    /// AOSP crypto/x509_generator.cpp makes adb's: subject C=US, O=Android,
+    /// CN=Adb, SHA-256 with RSA, a CA certificate valid for ten years.
+    pub fn self_signed_rsa(pkcs8_der: Vec<u8>) -> Result<TlsIdentity, TlsError> {
+        let key = PrivatePkcs8KeyDer::from(pkcs8_der);
+        let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&key, &rcgen::PKCS_RSA_SHA256)?;
+        let mut params = rcgen::CertificateParams::default();
+        let mut name = rcgen::DistinguishedName::new();
+        name.push(rcgen::DnType::CountryName, "US");
+        name.push(rcgen::DnType::OrganizationName, "Android");
+        name.push(rcgen::DnType::CommonName, "Adb");
+        params.distinguished_name = name;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::days(1);
+        params.not_after = now + time::Duration::days(3650);
+        let cert = params.self_signed(&pair)?;
+        Ok(TlsIdentity {
+            cert: cert.der().clone(),
+            key,
+        })
+    }
+
+    /// An identity from a certificate (DER) and its key (PKCS#8 DER) kept on disk.
+    pub fn from_parts(cert_der: Vec<u8>, pkcs8_der: Vec<u8>) -> TlsIdentity {
+        TlsIdentity {
+            cert: CertificateDer::from(cert_der),
+            key: PrivatePkcs8KeyDer::from(pkcs8_der),
+        }
+    }
+
+    /// The private key, PKCS#8 DER (to keep on disk beside the certificate).
+    pub fn key_der(&self) -> &[u8] {
+        self.key.secret_pkcs8_der()
+    }
+
+    fn key(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(self.key.clone_key())
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Device role: decides whether a host's certificate is let in, from its
+/// SubjectPublicKeyInfo (DER). `Err` says why not, for the daemon's log.
+pub trait ClientKeyCheck: Send + Sync {
+    fn check(&self, spki_der: &[u8]) -> Result<(), String>;
+    /// CA names to send in the CertificateRequest (AOSP tls/adb_ca_list.cpp:
+    /// one per trusted key, so adb can pick which of its keys to present).
+    fn hints(&self) -> Vec<DistinguishedName> {
+        Vec::new()
+    }
+}
+
+/// Host role: decides whether to go on with a device's certificate (DER).
+/// adb accepts any (trust in the device comes from pairing); a pairing step
+/// that records the device's certificate can pin it here.
+pub trait DeviceCertCheck: Send + Sync {
+    fn check(&self, cert_der: &[u8]) -> Result<(), String>;
+}
+
+/// Accepts every device certificate, as adb does.
+pub struct AnyDevice;
+
+impl DeviceCertCheck for AnyDevice {
+    fn check(&self, _cert_der: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The error rustls reports for a refused certificate, with our reason.
+#[derive(Debug)]
+struct Refused(String);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+fn refused(reason: String) -> rustls::Error {
+    rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(Refused(
+        reason,
+    )))))
+}
+
+/// The SubjectPublicKeyInfo (DER) of a certificate (DER).
+pub fn certificate_spki(cert_der: &[u8]) -> Result<Vec<u8>, String> {
+    use x509_cert::der::{Decode, Encode};
+    let cert = x509_cert::Certificate::from_der(cert_der)
+        .map_err(|error| format!("unparsable certificate: {error}"))?;
+    cert.tbs_certificate
+        .subject_public_key_info
+        .to_der()
+        .map_err(|error| format!("certificate's public key: {error}"))
+}
+
+struct ClientVerifier {
+    /// `None`: any certificate (the host needs no key, as adbd without
+    /// auth_required); the handshake still proves it holds the key.
+    check: Option<Arc<dyn ClientKeyCheck>>,
+    hints: Vec<DistinguishedName>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl fmt::Debug for ClientVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientVerifier")
+            .field("checks_keys", &self.check.is_some())
+            .finish()
+    }
+}
+
+impl ClientCertVerifier for ClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        if let Some(check) = &self.check {
+            let spki = certificate_spki(end_entity).map_err(refused)?;
+            check.check(&spki).map_err(refused)?;
+        }
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // Only TLS 1.3 is configured (AOSP tls_connection.cpp sets 1.3 as
+        // both minimum and maximum).
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls12NotOffered,
+        ))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+struct ServerVerifier {
+    check: Arc<dyn DeviceCertCheck>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl fmt::Debug for ServerVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServerVerifier")
+    }
+}
+
+impl ServerCertVerifier for ServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.check.check(end_entity).map_err(refused)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls12NotOffered,
+        ))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Device role: a TLS 1.3 server configuration presenting `identity` and
+/// asking every host for its certificate, checked by `check` (`None`: any).
+pub fn server_config(
+    identity: &TlsIdentity,
+    check: Option<Arc<dyn ClientKeyCheck>>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = provider();
+    let hints = check.as_ref().map(|c| c.hints()).unwrap_or_default();
+    let verifier = Arc::new(ClientVerifier {
+        check,
+        hints,
+        provider: provider.clone(),
+    });
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![identity.cert.clone()], identity.key())?;
+    // adb never resumes a session, and speaks first after the handshake is
+    // the device's CNXN (AOSP transport.cpp DoTlsHandshake): no tickets.
+    config.send_tls13_tickets = 0;
+    Ok(Arc::new(config))
+}
+
+/// Host role: a TLS 1.3 client configuration presenting `identity` (made
+/// from the adb key the device trusts) and checking the device's
+/// certificate with `device`.
+pub fn client_config(
+    identity: &TlsIdentity,
+    device: Arc<dyn DeviceCertCheck>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let verifier = Arc::new(ServerVerifier {
+        check: device,
+        provider: provider.clone(),
+    });
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(vec![identity.cert.clone()], identity.key())?;
+    Ok(Arc::new(config))
+}
+
+/// The first byte of a TLS handshake record (RFC 8446, 5.1); no ADB
+/// command starts with it.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Which TLS side a TCP connection plays if the engine moves to TLS.
+#[derive(Clone)]
+pub enum TlsSide {
+    /// Device role: the server configuration for this host.
+    Device(Arc<ServerConfig>),
+    /// Host role: the client configuration; the device's address names it.
+    Host(Arc<ClientConfig>),
+}
+
+/// A TCP socket after [`negotiate`]: plaintext, or TLS from here on.
+pub enum TcpTransport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+}
+
+impl TcpTransport {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, TcpTransport::Tls(_))
+    }
+}
+
+/// Runs `engine`'s handshake on the bare socket until it either moves to
+/// TLS (STLS exchanged: the TLS handshake runs here, then
+/// [`tls_established`](oxadb_engine::Connection::tls_established)) or goes
+/// on in plaintext (a device answered CNXN with AUTH or CNXN, or a host got
+/// one of those). Packets are read exactly, header then payload, so no byte
+/// meant for TLS is consumed here. Any events the engine queued are left for
+/// the driver. Bound it with a timeout: a silent peer stalls it.
+pub async fn negotiate(
+    mut stream: TcpStream,
+    engine: &mut oxadb_engine::Connection,
+    tls: Option<&TlsSide>,
+) -> Result<TcpTransport, ConnectionError> {
+    if engine.role() == oxadb_engine::Role::Host {
+        return negotiate_host(stream, engine, tls).await;
+    }
+    loop {
+        while let Some(packet) = engine.poll_transmit() {
+            let header = engine.header_for(&packet).encode();
+            stream.write_all(&header).await?;
+            stream.write_all(&packet.payload).await?;
+        }
+        if engine.starting_tls() {
+            break;
+        }
+        if engine.is_online() || engine.awaiting_auth() {
+            return Ok(TcpTransport::Plain(stream));
+        }
+        if engine.tls_pending() && engine.role() == oxadb_engine::Role::Device {
+            // A TLS record (a handshake: content type 22) instead of the
+            // host's STLS: adb's STLS lost a race and follows the handshake.
+            let mut first = [0u8; 1];
+            if stream.peek(&mut first).await? == 1 && first[0] == TLS_HANDSHAKE_RECORD {
+                tracing::debug!(
+                    "TLS handshake before the host's STLS; its STLS will follow in TLS"
+                );
+                engine.tls_began_early();
+                break;
+            }
+        }
+        let mut raw = [0u8; HEADER_LEN];
+        read_exact(&mut stream, &mut raw, |got| {
+            if got == 0 {
+                ConnectionError::PeerClosed
+            } else {
+                ConnectionError::TruncatedHeader(got)
+            }
+        })
+        .await?;
+        let header = Header::decode(&raw, engine.max_incoming_payload())?;
+        let mut payload = vec![0u8; header.data_length as usize];
+        read_exact(&mut stream, &mut payload, |got| {
+            ConnectionError::TruncatedPayload {
+                command: header.command,
+                got,
+                expected: header.data_length as usize,
+            }
+        })
+        .await?;
+        engine.handle_packet(&header, payload.into())?;
+    }
+    start_tls(stream, engine, tls).await
+}
+
+/// Host role: sends CNXN and looks at the device's first packet without
+/// taking it unless it is STLS, so that the driver reads any other answer
+/// (and its own checks see every byte the device sent).
+async fn negotiate_host(
+    mut stream: TcpStream,
+    engine: &mut oxadb_engine::Connection,
+    tls: Option<&TlsSide>,
+) -> Result<TcpTransport, ConnectionError> {
+    while let Some(packet) = engine.poll_transmit() {
+        let header = engine.header_for(&packet).encode();
+        stream.write_all(&header).await?;
+        stream.write_all(&packet.payload).await?;
+    }
+    let stls = oxadb_wire::Command::Stls.as_u32().to_le_bytes();
+    let mut head = [0u8; HEADER_LEN];
+    loop {
+        let seen = stream.peek(&mut head).await?;
+        let prefix = seen.min(stls.len());
+        if seen == 0 || head[..prefix] != stls[..prefix] {
+            return Ok(TcpTransport::Plain(stream));
+        }
+        if seen == HEADER_LEN {
+            break;
+        }
+        // Part of a header: peek returns at once while any byte waits.
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let header = Header::decode(&head, engine.max_incoming_payload())?;
+    stream.read_exact(&mut head).await?;
+    let mut payload = vec![0u8; header.data_length as usize];
+    stream.read_exact(&mut payload).await?;
+    engine.handle_packet(&header, payload.into())?;
+    while let Some(packet) = engine.poll_transmit() {
+        let header = engine.header_for(&packet).encode();
+        stream.write_all(&header).await?;
+        stream.write_all(&packet.payload).await?;
+    }
+    start_tls(stream, engine, tls).await
+}
+
+/// Runs the TLS handshake once STLS was exchanged.
+async fn start_tls(
+    stream: TcpStream,
+    engine: &mut oxadb_engine::Connection,
+    tls: Option<&TlsSide>,
+) -> Result<TcpTransport, ConnectionError> {
+    let transport = match tls {
+        Some(TlsSide::Device(config)) => {
+            let stream = tokio_rustls::TlsAcceptor::from(config.clone())
+                .accept(stream)
+                .await
+                .map_err(|error| ConnectionError::Tls(describe(&error)))?;
+            tokio_rustls::TlsStream::Server(stream)
+        }
+        Some(TlsSide::Host(config)) => {
+            let name = ServerName::IpAddress(stream.peer_addr()?.ip().into());
+            let stream = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|error| ConnectionError::Tls(describe(&error)))?;
+            tokio_rustls::TlsStream::Client(stream)
+        }
+        None => {
+            return Err(ConnectionError::Tls(
+                "STLS exchanged but this side has no TLS configuration".into(),
+            ))
+        }
+    };
+    engine.tls_established();
+    Ok(TcpTransport::Tls(Box::new(transport)))
+}
+
+async fn read_exact(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    short: impl Fn(usize) -> ConnectionError,
+) -> Result<(), ConnectionError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = stream.read(&mut buf[got..]).await?;
+        if n == 0 {
+            return Err(short(got));
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// A TLS error in words: our own reason for refusing a certificate as it
+/// was given, rustls' text otherwise.
+fn describe(error: &std::io::Error) -> String {
+    match error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(other)))) => {
+            format!("certificate refused: {other}")
+        }
+        Some(rustls::Error::AlertReceived(alert)) => alert_text(*alert),
+        _ => error.to_string(),
+    }
+}
+
+fn alert_text(alert: rustls::AlertDescription) -> String {
+    format!(
+        "the peer ended TLS with alert {alert:?} (a device does when our certificate's \
+         key is not among its trusted keys: `oxadbd trust-key ~/.android/adbkey.pub` there)"
+    )
+}
+
+/// A TLS stream's read half that reports a peer closing without TLS's
+/// close_notify as a plain end of file (adb closes its socket without one,
+/// and the driver tells a clean end from a truncated packet by itself),
+/// and a TLS alert in words.
+pub struct EofAsEnd<R>(pub R);
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EofAsEnd<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match std::pin::Pin::new(&mut self.0).poll_read(cx, buf) {
+            std::task::Poll::Ready(Err(error))
+                if error.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                std::task::Poll::Ready(Ok(()))
+            }
+            std::task::Poll::Ready(Err(error)) => {
+                let alert = error
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<rustls::Error>())
+                    .and_then(|e| match e {
+                        rustls::Error::AlertReceived(alert) => Some(*alert),
+                        _ => None,
+                    });
+                match alert {
+                    Some(alert) => std::task::Poll::Ready(Err(std::io::Error::new(
+                        error.kind(),
+                        alert_text(alert),
+                    ))),
+                    None => std::task::Poll::Ready(Err(error)),
+                }
+            }
+            other => other,
+        }
+    }
+}

@@ -5,13 +5,16 @@ against `oxadb pair`.
 `oxadbd pair` prints a random code and its address; the host that proves the
 code gets its key appended to the keys file (and to KEYS.paired). Wrong codes
 are delayed (--failure-delay) and the window closes after --max-failures.
-adb 29 has no `adb pair`, so the adb peer here is adb 34 (test_adb34.py's
-fixture installs and checks it).
+Once paired, adb 34 and oxadb each run shell and a 16 MiB push and pull by
+sha256 over TLS against `--tls required` (the marker check through a
+recording relay, as in test_tls.py). adb 29 has no `adb pair`, so the adb
+peer here is adb 34 (test_adb34.py's fixture installs and checks it).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import selectors
 import socket
 import subprocess
@@ -20,8 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import AdbServer, clean_env, resolve_oxadb, stop_process
+from harness import AdbServer, clean_env, resolve_oxadb, sha256_file, stop_process, write_random
 from test_adb34 import adb34_bin  # noqa: F401  (fixture)
+from test_tls import Relay
+
+MIB = 1 << 20
+SIZE = 16 * MIB
 
 FAILURE_DELAY = 1.5
 
@@ -104,7 +111,7 @@ def key_of(pub_line: str) -> str:
     return pub_line.split()[0]
 
 
-def test_adb34_pairs_and_connects(pair_window, adb34, fresh_daemon):
+def test_adb34_pairs_and_connects(pair_window, adb34, fresh_daemon, tmp_path):
     w = pair_window("--max-failures", "1")
     # A peer that does not speak TLS closes only its own connection and is
     # no guess: with a limit of one failure, the window stays open.
@@ -127,11 +134,38 @@ def test_adb34_pairs_and_connects(pair_window, adb34, fresh_daemon):
     paired = w.keys.with_name("adb_keys.paired").read_text().splitlines()
     assert [key_of(line) for line in paired] == [host_key]
 
-    # The paired key lets that host in where a key is required.
-    d = fresh_daemon(args=("--auth", "--keys", str(w.keys)))
-    adb34.connect(d.serial)
-    r = adb34.run("shell", "echo ok", serial=d.serial)
-    assert (r.rc, r.out) == (0, "ok\n"), r
+    # The paired key lets that host in over TLS where TLS is required (the
+    # default beyond loopback once a host is paired; asked for here, since
+    # loopback stays plaintext by default). A relay records every byte: a
+    # marker sent through the shell never crosses in the clear after STLS.
+    d = fresh_daemon(args=("--auth", "--keys", str(w.keys), "--tls", "required"))
+    relay = Relay(d.port)
+    serial = f"127.0.0.1:{relay.port}"
+    marker = f"OXADB-PAIRED-MARKER-{secrets.token_hex(8)}"
+    try:
+        adb34.connect(serial)
+        r = adb34.run("shell", "echo", marker, serial=serial)
+        assert (r.rc, r.out) == (0, marker + "\n"), r
+        src = tmp_path / "src.bin"
+        digest = write_random(src, SIZE)
+        remote = tmp_path / "remote.bin"
+        r = adb34.run("push", str(src), str(remote), serial=serial)
+        assert r.rc == 0, r
+        assert sha256_file(remote) == digest
+        back = tmp_path / "back.bin"
+        r = adb34.run("pull", str(remote), str(back), serial=serial)
+        assert r.rc == 0, r
+        assert sha256_file(back) == digest
+        adb34.disconnect(serial)
+        text = d.log_since(0).decode("utf-8", "replace")
+        assert text.count("TLS 1.3 established") == 1, text[-3000:]
+        assert "host authenticated" not in text, text[-3000:]
+        captured = relay.captured()
+        stls = captured.find(b"STLS")
+        assert stls >= 0 and b"\x16\x03" in captured[stls:], captured[:2000]
+        assert marker.encode() not in captured, "the marker crossed in the clear"
+    finally:
+        relay.close()
 
 
 def assert_refused(r) -> None:
@@ -181,7 +215,7 @@ def run_oxadb(home: Path, *args: str, input: bytes | None = None) -> subprocess.
                           env=clean_env(HOME=str(home)), timeout=60)
 
 
-def test_oxadb_pairs(pair_window, tmp_path):
+def test_oxadb_pairs_then_works_over_tls(pair_window, fresh_daemon, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     w = pair_window()
@@ -193,6 +227,23 @@ def test_oxadb_pairs(pair_window, tmp_path):
     assert rc == 0, (out, err)
     host_key = key_of((home / ".android" / "adbkey.pub").read_text())
     assert [key_of(line) for line in w.keys.read_text().splitlines()] == [host_key]
+
+    # Paired, oxadb works over TLS against a daemon that requires it.
+    d = fresh_daemon(args=("--auth", "--keys", str(w.keys), "--tls", "required"))
+    r = run_oxadb(home, "-s", d.serial, "shell", "echo via oxadb")
+    assert (r.returncode, r.stdout) == (0, b"via oxadb\n"), r
+    src = tmp_path / "src.bin"
+    digest = write_random(src, SIZE)
+    remote = tmp_path / "remote.bin"
+    r = run_oxadb(home, "-s", d.serial, "push", str(src), str(remote))
+    assert r.returncode == 0, r
+    assert sha256_file(remote) == digest
+    back = tmp_path / "back.bin"
+    r = run_oxadb(home, "-s", d.serial, "pull", str(remote), str(back))
+    assert r.returncode == 0, r
+    assert sha256_file(back) == digest
+    text = d.log_since(0).decode("utf-8", "replace")
+    assert text.count("TLS 1.3 established") == 3, text[-3000:]
 
 
 def test_oxadb_wrong_code_is_one_line(pair_window, tmp_path):

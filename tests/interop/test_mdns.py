@@ -228,6 +228,21 @@ def test_connect_service_announced_with_port_address_and_txt_then_withdrawn(tmp_
         assert "mDNS: withdrawn" in daemon.log_since().decode()
 
 
+def test_tls_off_announces_only_the_plain_service(tmp_path):
+    # `_adb-tls-connect._tcp` promises TLS: a daemon that never offers it
+    # (--tls off) announces `_adb._tcp` alone.
+    with namespaces("tlsoff") as (link, browser):
+        daemon = start_daemon(link, tmp_path, "--tls", "off")
+        try:
+            plain = browser.wait("add", PLAIN)
+            assert plain["port"] == PORT, plain
+            later = browser.nothing_for(2.0)
+            assert not [e for e in later if e.get("type") == CONNECT or
+                        CONNECT in e.get("name", "")], later
+        finally:
+            daemon.stop()
+
+
 def test_no_mdns_flag_config_key_and_loopback_listener_announce_nothing(tmp_path):
     cases = [("--no-mdns", ("--no-mdns",), "", DEVICE),
              ("mdns = false", (), "mdns = false", DEVICE),

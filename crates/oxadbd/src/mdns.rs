@@ -305,13 +305,16 @@ pub fn announce_pairing(
 /// it when a host moves it (`tcpip:PORT`) or closes it (`usb:`).
 pub struct ConnectAnnouncer {
     device: DeviceInfo,
+    /// `_adb-tls-connect._tcp` promises TLS: not announced with `--tls off`.
+    tls_offered: bool,
     current: Mutex<Vec<Announcement>>,
 }
 
 impl ConnectAnnouncer {
-    pub fn new(device: DeviceInfo) -> ConnectAnnouncer {
+    pub fn new(device: DeviceInfo, tls_offered: bool) -> ConnectAnnouncer {
         ConnectAnnouncer {
             device,
+            tls_offered,
             current: Mutex::new(Vec::new()),
         }
     }
@@ -334,7 +337,12 @@ impl ConnectAnnouncer {
             );
             return;
         }
-        for service in [SERVICE_TCP, SERVICE_TLS_CONNECT] {
+        let services: &[&str] = if self.tls_offered {
+            &[SERVICE_TCP, SERVICE_TLS_CONNECT]
+        } else {
+            &[SERVICE_TCP]
+        };
+        for &service in services {
             match announce(service, &self.device, local.port(), &place) {
                 Ok(Some(announcement)) => current.push(announcement),
                 Ok(None) => {}

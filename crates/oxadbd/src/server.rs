@@ -89,7 +89,10 @@ impl Daemon {
     /// serving TCP.
     pub fn announce_mdns(&self, state_dir: Option<&std::path::Path>) {
         let device = crate::mdns::DeviceInfo::from_properties(&self.properties, state_dir);
-        let _ = self.mdns.set(crate::mdns::ConnectAnnouncer::new(device));
+        let tls_offered = self.config.access.tls.mode != Some(crate::tls::TlsMode::Off);
+        let _ = self
+            .mdns
+            .set(crate::mdns::ConnectAnnouncer::new(device, tls_offered));
     }
 
     /// Withdraw the mDNS announcements (goodbye packets), e.g. before exiting.

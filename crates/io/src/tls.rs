@@ -438,7 +438,11 @@ async fn negotiate_host(
     let stls = oxadb_wire::Command::Stls.as_u32().to_le_bytes();
     let mut head = [0u8; HEADER_LEN];
     loop {
-        let seen = stream.peek(&mut head).await?;
+        // A failed peek (a peer that reset the connection on our CNXN) is
+        // the driver's to report, where the first-bytes check names it.
+        let Ok(seen) = stream.peek(&mut head).await else {
+            return Ok(TcpTransport::Plain(stream));
+        };
         let prefix = seen.min(stls.len());
         if seen == 0 || head[..prefix] != stls[..prefix] {
             return Ok(TcpTransport::Plain(stream));

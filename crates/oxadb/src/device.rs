@@ -198,7 +198,18 @@ impl Device {
         .map_err(|error| connect_error(std::io::Error::other(error.to_string())))?;
         let (connection, seen) = match transport {
             oxadb_io::tls::TcpTransport::Plain(socket) => {
-                let (reader, sink, _) = oxadb_io::tcp_halves(socket).map_err(connect_error)?;
+                // A peer that hung up on our CNXN (reset, so the socket is no
+                // longer connected) sent nothing an ADB daemon would.
+                let (reader, sink, _) =
+                    oxadb_io::tcp_halves(socket).map_err(|cause| match cause.kind() {
+                        std::io::ErrorKind::NotConnected | std::io::ErrorKind::ConnectionReset => {
+                            Error::NotAdb {
+                                addr: serial.clone(),
+                                got: first_bytes::describe(&[]),
+                            }
+                        }
+                        _ => connect_error(cause),
+                    })?;
                 let (reader, seen) = FirstBytes::new(reader);
                 let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
                 tokio::spawn(run);

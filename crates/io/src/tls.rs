@@ -89,6 +89,17 @@ impl TlsIdentity {
         })
     }
 
+    /// A fresh self-signed ECDSA P-256 identity named `name`, for a
+    /// connection where the certificate only has to exist (pairing: the
+    /// code, not the certificate, proves the peer).
+    pub fn ephemeral(name: &str) -> Result<TlsIdentity, TlsError> {
+        let certified = rcgen::generate_simple_self_signed(vec![name.to_string()])?;
+        Ok(TlsIdentity {
+            cert: certified.cert.der().clone(),
+            key: PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()),
+        })
+    }
+
     /// An identity from a certificate (DER) and its key (PKCS#8 DER) kept on disk.
     pub fn from_parts(cert_der: Vec<u8>, pkcs8_der: Vec<u8>) -> TlsIdentity {
         TlsIdentity {

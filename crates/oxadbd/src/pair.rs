@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use oxadb_auth::PublicKey;
 use oxadb_pairing::format::{PEER_DEVICE_GUID, PEER_RSA_PUB_KEY};
-use oxadb_pairing::{Identity, PairError, PeerInfo};
+use oxadb_pairing::{PairError, PeerInfo};
 use rand::{Rng as _, TryRngCore as _};
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -150,7 +150,7 @@ pub async fn run(options: PairOptions) -> Result<(), PairCommandError> {
             source,
         })?;
     let code = new_code()?;
-    let config = oxadb_pairing::server_config(&Identity::ephemeral(&options.guid)?)?;
+    let config = oxadb_pairing::server_config(&oxadb_pairing::ephemeral_identity(&options.guid)?)?;
     let device = PeerInfo {
         kind: PEER_DEVICE_GUID,
         data: options.guid.clone().into_bytes(),

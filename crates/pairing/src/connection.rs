@@ -7,13 +7,9 @@
 
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{
-    ClientConfig, DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme,
-};
+use oxadb_io::tls::{AnyDevice, TlsError, TlsIdentity};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ServerConfig};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
@@ -25,10 +21,10 @@ use crate::spake2::{Role, Spake2, Spake2Error, MSG_SIZE};
 
 #[derive(Debug, Error)]
 pub enum PairError {
-    #[error("making the TLS certificate: {0}")]
-    Certificate(#[from] rcgen::Error),
     #[error("TLS setup: {0}")]
-    TlsConfig(#[from] rustls::Error),
+    TlsConfig(#[from] TlsError),
+    #[error("exporting the TLS session's keying material: {0}")]
+    Exporter(#[from] rustls::Error),
     #[error("TLS handshake: {0}")]
     Handshake(std::io::Error),
     #[error("{stage}: {source}")]
@@ -60,131 +56,23 @@ impl PairError {
     }
 }
 
-/// A self-signed certificate and its key for one side's TLS: pairing checks
-/// neither (both verify callbacks accept any certificate), so a fresh
-/// ECDSA P-256 one serves.
-pub struct Identity {
-    cert: CertificateDer<'static>,
-    key: Vec<u8>,
+/// A fresh self-signed identity for one side of a pairing connection:
+/// neither side checks the other's certificate (the code is the secret).
+pub fn ephemeral_identity(name: &str) -> Result<TlsIdentity, PairError> {
+    Ok(TlsIdentity::ephemeral(name)?)
 }
 
-impl Identity {
-    pub fn ephemeral(name: &str) -> Result<Identity, PairError> {
-        let certified = rcgen::generate_simple_self_signed(vec![name.to_string()])?;
-        Ok(Identity {
-            cert: certified.cert.der().clone(),
-            key: certified.signing_key.serialize_der(),
-        })
-    }
-
-    fn key(&self) -> PrivateKeyDer<'static> {
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.clone()))
-    }
+/// The device's TLS: ADB's own TLS 1.3 server configuration (crates/io),
+/// a client certificate required (as adb's SSL_VERIFY_PEER |
+/// SSL_VERIFY_FAIL_IF_NO_PEER_CERT) but any accepted.
+pub fn server_config(identity: &TlsIdentity) -> Result<Arc<ServerConfig>, PairError> {
+    Ok(oxadb_io::tls::server_config(identity, None)?)
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Accepts any certificate but still checks the handshake signatures, so
-/// the peer holds the key of the certificate it sent.
-#[derive(Debug)]
-struct AnyCertificate(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
-}
-
-impl ClientCertVerifier for AnyCertificate {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
-}
-
-/// The device's TLS: TLS 1.3 only, a client certificate required (as adb's
-/// SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT) but not checked.
-pub fn server_config(identity: &Identity) -> Result<Arc<ServerConfig>, PairError> {
-    let provider = provider();
-    let verifier = Arc::new(AnyCertificate(provider.signature_verification_algorithms));
-    let config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(vec![identity.cert.clone()], identity.key())?;
-    Ok(Arc::new(config))
-}
-
-/// The host's TLS: TLS 1.3 only, any server certificate, ours sent.
-pub fn client_config(identity: &Identity) -> Result<Arc<ClientConfig>, PairError> {
-    let provider = provider();
-    let verifier = Arc::new(AnyCertificate(provider.signature_verification_algorithms));
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_client_auth_cert(vec![identity.cert.clone()], identity.key())?;
-    Ok(Arc::new(config))
+/// The host's TLS: ADB's own TLS 1.3 client configuration, any device
+/// certificate, ours sent.
+pub fn client_config(identity: &TlsIdentity) -> Result<Arc<ClientConfig>, PairError> {
+    Ok(oxadb_io::tls::client_config(identity, Arc::new(AnyDevice))?)
 }
 
 async fn write_packet<S: AsyncWrite + Unpin>(
@@ -223,6 +111,39 @@ fn password(code: &[u8], exported: [u8; EXPORTED_KEY_SIZE]) -> Vec<u8> {
     password
 }
 
+/// The SPAKE2 step of either role (pairing_auth.cpp): the password is the
+/// code bound to this TLS session by its exported keying material; our
+/// message goes out, the peer's comes back.
+async fn swap_spake2_messages<S: AsyncRead + AsyncWrite + Unpin>(
+    tls: &mut S,
+    role: Role,
+    code: &[u8],
+    exported: [u8; EXPORTED_KEY_SIZE],
+) -> Result<(Spake2, Vec<u8>), PairError> {
+    let (ours, peers, reading) = match role {
+        Role::Alice => (
+            crate::CLIENT_NAME,
+            crate::SERVER_NAME,
+            "reading the device's SPAKE2 message",
+        ),
+        Role::Bob => (
+            crate::SERVER_NAME,
+            crate::CLIENT_NAME,
+            "reading the host's SPAKE2 message",
+        ),
+    };
+    let spake = Spake2::new(role, ours, peers, &password(code, exported))?;
+    write_packet(
+        tls,
+        TYPE_SPAKE2_MSG,
+        spake.message(),
+        "sending our SPAKE2 message",
+    )
+    .await?;
+    let theirs = read_packet(tls, TYPE_SPAKE2_MSG, reading).await?;
+    Ok((spake, theirs))
+}
+
 /// Serves one pairing as the device: returns the host's PeerInfo once the
 /// host proved the code. Our PeerInfo is sent only after the host's
 /// decrypted, so a wrong guess gets nothing sealed under our key.
@@ -241,25 +162,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         tls.get_ref()
             .1
             .export_keying_material([0u8; EXPORTED_KEY_SIZE], EXPORTER_LABEL, None)?;
-    let spake = Spake2::new(
-        Role::Bob,
-        crate::SERVER_NAME,
-        crate::CLIENT_NAME,
-        &password(code, exported),
-    )?;
-    write_packet(
-        &mut tls,
-        TYPE_SPAKE2_MSG,
-        spake.message(),
-        "sending our SPAKE2 message",
-    )
-    .await?;
-    let theirs = read_packet(
-        &mut tls,
-        TYPE_SPAKE2_MSG,
-        "reading the host's SPAKE2 message",
-    )
-    .await?;
+    let (spake, theirs) = swap_spake2_messages(&mut tls, Role::Bob, code, exported).await?;
     let after = |error: PairError| match error {
         PairError::WrongCode => error,
         other => PairError::AfterGuess(Box::new(other)),
@@ -306,25 +209,7 @@ pub async fn pair<S: AsyncRead + AsyncWrite + Unpin>(
         tls.get_ref()
             .1
             .export_keying_material([0u8; EXPORTED_KEY_SIZE], EXPORTER_LABEL, None)?;
-    let spake = Spake2::new(
-        Role::Alice,
-        crate::CLIENT_NAME,
-        crate::SERVER_NAME,
-        &password(code, exported),
-    )?;
-    write_packet(
-        &mut tls,
-        TYPE_SPAKE2_MSG,
-        spake.message(),
-        "sending our SPAKE2 message",
-    )
-    .await?;
-    let theirs = read_packet(
-        &mut tls,
-        TYPE_SPAKE2_MSG,
-        "reading the device's SPAKE2 message",
-    )
-    .await?;
+    let (spake, theirs) = swap_spake2_messages(&mut tls, Role::Alice, code, exported).await?;
     let mut cipher = Cipher::new(&spake.finish(&theirs)?);
     write_packet(
         &mut tls,
@@ -363,8 +248,8 @@ mod tests {
         client_code: &[u8],
     ) -> (Result<PeerInfo, PairError>, Result<PeerInfo, PairError>) {
         let (a, b) = tokio::io::duplex(64 * 1024);
-        let server_config = server_config(&Identity::ephemeral("device").unwrap()).unwrap();
-        let client_config = client_config(&Identity::ephemeral("host").unwrap()).unwrap();
+        let server_config = server_config(&ephemeral_identity("device").unwrap()).unwrap();
+        let client_config = client_config(&ephemeral_identity("host").unwrap()).unwrap();
         let device = PeerInfo {
             kind: PEER_DEVICE_GUID,
             data: b"adb-test-guid".to_vec(),

@@ -6,7 +6,7 @@ pub mod connection;
 pub mod format;
 pub mod spake2;
 
-pub use connection::{client_config, pair, serve, server_config, Identity, PairError};
+pub use connection::{client_config, ephemeral_identity, pair, serve, server_config, PairError};
 pub use format::PeerInfo;
 
 /// SPAKE2 names, NUL included (`sizeof` of the C strings in

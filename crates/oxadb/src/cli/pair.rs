@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use oxadb_pairing::format::{PEER_DEVICE_GUID, PEER_RSA_PUB_KEY};
-use oxadb_pairing::{Identity, PeerInfo};
+use oxadb_pairing::PeerInfo;
 
 /// The whole exchange (connect, TLS, SPAKE2, peer infos) must end by then.
 const PAIR_TIMEOUT: Duration = Duration::from_secs(30);
@@ -45,7 +45,7 @@ pub async fn pair(address: &str, code: Option<&str>) -> anyhow::Result<i32> {
         kind: PEER_RSA_PUB_KEY,
         data: public_key,
     };
-    let config = oxadb_pairing::client_config(&Identity::ephemeral("oxadb")?)
+    let config = oxadb_pairing::client_config(&oxadb_pairing::ephemeral_identity("oxadb")?)
         .with_context(|| format!("pairing with {address}"))?;
     let exchange = async {
         let stream = tokio::net::TcpStream::connect((host, port.parse::<u16>()?))

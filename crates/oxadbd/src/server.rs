@@ -341,19 +341,22 @@ async fn start_tcp_connection(
             return;
         }
     };
-    tokio::spawn(
-        async move {
-            let error = run.await;
-            drop(slot);
-            if error.is_clean() {
-                tracing::info!("connection closed: {error}");
-            } else {
-                tracing::warn!("closing connection: {error}");
-            }
-        }
-        .in_current_span(),
-    );
+    tokio::spawn(run_until_closed(run, slot).in_current_span());
     dispatch(connection, daemon, Transport::Tcp).await;
+}
+
+/// Drives a connection to its end, then frees its slot and logs how it ended.
+async fn run_until_closed(
+    run: impl std::future::Future<Output = oxadb_io::ConnectionError>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let error = run.await;
+    drop(slot);
+    if error.is_clean() {
+        tracing::info!("connection closed: {error}");
+    } else {
+        tracing::warn!("closing connection: {error}");
+    }
 }
 
 /// Starts a connection accepted on a socket transport and its dispatcher;
@@ -381,18 +384,7 @@ fn start_connection<R, S>(
     let (connection, run) = Connection::start(reader, sink, engine, label, auth);
     tracing::info!(%peer, key = %why, "connection accepted");
     let span = tracing::info_span!("connection", %peer);
-    tokio::spawn(
-        async move {
-            let error = run.await;
-            drop(slot);
-            if error.is_clean() {
-                tracing::info!("connection closed: {error}");
-            } else {
-                tracing::warn!("closing connection: {error}");
-            }
-        }
-        .instrument(span.clone()),
-    );
+    tokio::spawn(run_until_closed(run, slot).instrument(span.clone()));
     tokio::spawn(dispatch(connection, daemon.clone(), Transport::Tcp).instrument(span));
 }
 

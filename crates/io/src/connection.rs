@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use crate::auth::Auth;
 use crate::driver::{read_loop, sweep_stalled, write_loop, Shared, State, StreamWakers};
-use crate::sink::{PacketSink, StreamSink};
+use crate::sink::PacketSink;
 use crate::stream::AdbStream;
 use crate::tcp_sink::TcpSink;
 use crate::tls::TcpTransport;
@@ -82,7 +82,7 @@ impl Drop for Incoming {
 impl Connection {
     /// Starts driving `config`'s engine: bytes come in through `reader` (a
     /// byte stream, even over USB, where the device's bulk-out transfers are
-    /// read back to back) and packets go out through `sink` ([`StreamSink`]
+    /// read back to back) and packets go out through `sink` ([`StreamSink`](crate::StreamSink)
     /// around any byte writer; [`tcp_halves`] makes both of a TCP stream).
     /// `label` names the peer in logs. `auth` says who authenticates: the host
     /// answering a device's AUTH tokens, or the device letting hosts in
@@ -187,8 +187,9 @@ impl Connection {
 
     /// Starts a TCP connection after [`tls::negotiate`](crate::tls::negotiate):
     /// a plaintext socket keeps [`TcpSink`]'s fast paths (file ranges by
-    /// `sendfile`); a TLS one goes through [`StreamSink`], which copies
-    /// every payload into TLS records. `label` names the peer in logs.
+    /// `sendfile`); a TLS one copies every payload into TLS records
+    /// (`tls_stream`). Both keep the socket's send buffer full. `label`
+    /// names the peer in logs.
     pub fn start_tcp(
         transport: TcpTransport,
         engine: oxadb_engine::Connection,
@@ -201,12 +202,10 @@ impl Connection {
                 let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
                 (connection, Box::pin(run))
             }
-            TcpTransport::Tls(stream) => {
-                stream.get_ref().0.set_nodelay(true)?;
-                let (reader, writer) = tokio::io::split(*stream);
-                let reader = crate::tls::EofAsEnd(reader);
-                let (connection, run) =
-                    Connection::start_engine(reader, StreamSink(writer), engine, label, auth);
+            TcpTransport::Tls { socket, session } => {
+                socket.set_nodelay(true)?;
+                let (reader, sink) = crate::tls_stream::split(socket, *session);
+                let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
                 (connection, Box::pin(run))
             }
         })

@@ -11,10 +11,13 @@
 //!   of stalled streams;
 //! - [`stream`]: [`AdbStream`] and [`WriteChunk`];
 //! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]), and
-//!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full;
+//!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full
+//!   (`refill`, shared with TLS);
 //! - [`auth`]: both roles' authentication ([`Auth`], [`Authenticator`]);
 //! - [`tls`]: STLS's TLS 1.3 on TCP, both roles ([`tls::negotiate`],
-//!   certificates, the checks of the peer's certificate);
+//!   certificates, the checks of the peer's certificate), and `tls_stream`:
+//!   records over the socket after the handshake, read in large chunks and
+//!   written with the same refill as plaintext;
 //! - [`peer`]: dead-peer detection on TCP sockets ([`watch_peer`]);
 //! - [`process`]: per-process settings (allocator, memory budget) and the
 //!   values both command lines parse.
@@ -29,10 +32,12 @@ pub mod connection;
 mod driver;
 pub mod peer;
 pub mod process;
+mod refill;
 pub mod sink;
 pub mod stream;
 mod tcp_sink;
 pub mod tls;
+mod tls_stream;
 
 pub use auth::{Auth, AuthResponder, Authenticator};
 pub use connection::{tcp_halves, Connection, Incoming};

@@ -1,34 +1,17 @@
-//! Packets to a TCP socket, keeping its send buffer full.
-//!
-//! Linux reports a TCP socket writable (EPOLLOUT) only once a third of its
-//! send buffer is free (`sk_stream_is_writeable`: free space at least half
-//! of what is queued), yet a write succeeds as soon as anything is free
-//! (`sk_stream_memory_free`). A writer woken by readiness alone therefore
-//! lets the queue fall to two thirds before it refills. Where the send buffer
-//! is what limits a connection (a long round trip under the kernel's default
-//! `tcp_wmem` maximum of 4 MiB), bytes in flight and so throughput fall with
-//! it: 1 Gbit/s at 50 ms moved 48 MB/s that way, and 60 MB/s when the writer
-//! also retried every millisecond (iperf3: 54). See docs/benchmarks.md,
-//! "On an emulated link".
+//! Packets to a TCP socket, keeping its send buffer full (`refill`: a
+//! full socket is retried on a timer as well as on readiness).
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, BorrowedFd};
-use std::time::Duration;
+use std::os::fd::BorrowedFd;
 
 use rustix::net::{SendAncillaryBuffer, SendFlags};
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
 use oxadb_wire::{FileRange, Part, HEADER_LEN};
 
+use crate::refill::Refill;
 use crate::sink::{OutgoingPacket, PacketSink};
-
-/// First retry after a write found the buffer full: at 1 Gbit/s a
-/// millisecond frees 125 KB, a few percent of a 4 MiB buffer.
-const FIRST_RETRY: Duration = Duration::from_millis(1);
-/// Retries back off to this while nothing at all is accepted (a peer that
-/// stopped reading), so a blocked connection costs a few wake-ups a second.
-const LAST_RETRY: Duration = Duration::from_millis(64);
 /// Slices per sendmsg; Linux caps iovecs at 1024 (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 512;
 
@@ -40,6 +23,7 @@ const MAX_IOVECS: usize = 512;
 /// without it pushes a segment at once).
 pub struct TcpSink {
     stream: OwnedWriteHalf,
+    refill: Refill,
     counts: FileCounts,
 }
 
@@ -56,6 +40,7 @@ impl TcpSink {
     pub fn new(stream: OwnedWriteHalf) -> TcpSink {
         TcpSink {
             stream,
+            refill: Refill::new(),
             counts: FileCounts::default(),
         }
     }
@@ -203,42 +188,19 @@ impl PacketSink for TcpSink {
     async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
         let total: usize = batch.iter().map(|p| HEADER_LEN + p.payload.len()).sum();
         let mut done = 0usize;
-        let mut retry = FIRST_RETRY;
-        // Whether the next attempt bypasses tokio's readiness flag, which
-        // stays clear until the kernel's one-third wake-up.
-        let mut eager = false;
         while done < total {
-            let TcpSink { stream, counts } = &mut *self;
-            let socket = stream.as_ref();
-            let attempt = if eager {
-                write_once(socket.as_fd(), batch, done, counts)
-            } else {
-                socket.try_io(Interest::WRITABLE, || {
-                    write_once(socket.as_fd(), batch, done, counts)
-                })
-            };
-            match attempt {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(written) => {
-                    done += written;
-                    retry = FIRST_RETRY;
-                    eager = false;
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    if eager {
-                        retry = (retry * 2).min(LAST_RETRY);
-                    }
-                    tokio::select! {
-                        ready = self.stream.as_ref().writable() => {
-                            ready?;
-                            eager = false;
-                        }
-                        _ = tokio::time::sleep(retry) => eager = true,
-                    }
-                }
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
+            let TcpSink {
+                stream,
+                refill,
+                counts,
+            } = &mut *self;
+            let written = refill
+                .write(stream, |socket| write_once(socket, batch, done, counts))
+                .await?;
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
             }
+            done += written;
         }
         batch.clear();
         Ok(())
@@ -290,7 +252,7 @@ mod tests {
                     return received;
                 }
                 received.extend_from_slice(&chunk[..n]);
-                tokio::time::sleep(Duration::from_micros(300)).await;
+                tokio::time::sleep(std::time::Duration::from_micros(300)).await;
             }
         });
         let mut sink = TcpSink::new(write_half);

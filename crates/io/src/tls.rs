@@ -358,15 +358,19 @@ pub enum TlsSide {
     Host(Arc<ClientConfig>),
 }
 
-/// A TCP socket after [`negotiate`]: plaintext, or TLS from here on.
+/// A TCP socket after [`negotiate`]: plaintext, or TLS from here on (the
+/// socket and the rustls connection whose handshake completed on it).
 pub enum TcpTransport {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+    Tls {
+        socket: TcpStream,
+        session: Box<rustls::Connection>,
+    },
 }
 
 impl TcpTransport {
     pub fn is_tls(&self) -> bool {
-        matches!(self, TcpTransport::Tls(_))
+        matches!(self, TcpTransport::Tls { .. })
     }
 }
 
@@ -483,21 +487,25 @@ async fn start_tls(
     engine: &mut oxadb_engine::Connection,
     tls: Option<&TlsSide>,
 ) -> Result<TcpTransport, ConnectionError> {
-    let transport = match tls {
+    // tokio-rustls runs the handshake only; the records after it go through
+    // `tls_stream`, which reads and writes the socket itself.
+    let (socket, session) = match tls {
         Some(TlsSide::Device(config)) => {
-            let stream = tokio_rustls::TlsAcceptor::from(config.clone())
+            let (socket, session) = tokio_rustls::TlsAcceptor::from(config.clone())
                 .accept(stream)
                 .await
-                .map_err(|error| ConnectionError::Tls(describe(&error)))?;
-            tokio_rustls::TlsStream::Server(stream)
+                .map_err(|error| ConnectionError::Tls(describe(&error)))?
+                .into_inner();
+            (socket, rustls::Connection::Server(session))
         }
         Some(TlsSide::Host(config)) => {
             let name = ServerName::IpAddress(stream.peer_addr()?.ip().into());
-            let stream = tokio_rustls::TlsConnector::from(config.clone())
+            let (socket, session) = tokio_rustls::TlsConnector::from(config.clone())
                 .connect(name, stream)
                 .await
-                .map_err(|error| ConnectionError::Tls(describe(&error)))?;
-            tokio_rustls::TlsStream::Client(stream)
+                .map_err(|error| ConnectionError::Tls(describe(&error)))?
+                .into_inner();
+            (socket, rustls::Connection::Client(session))
         }
         None => {
             return Err(ConnectionError::Tls(
@@ -506,7 +514,10 @@ async fn start_tls(
         }
     };
     engine.tls_established();
-    Ok(TcpTransport::Tls(Box::new(transport)))
+    Ok(TcpTransport::Tls {
+        socket,
+        session: Box::new(session),
+    })
 }
 
 async fn read_exact(
@@ -540,48 +551,9 @@ fn describe(error: &std::io::Error) -> String {
     }
 }
 
-fn alert_text(alert: rustls::AlertDescription) -> String {
+pub(crate) fn alert_text(alert: rustls::AlertDescription) -> String {
     format!(
         "the peer ended TLS with alert {alert:?} (a device does when our certificate's \
          key is not among its trusted keys: `oxadbd trust-key ~/.android/adbkey.pub` there)"
     )
-}
-
-/// A TLS stream's read half that reports a peer closing without TLS's
-/// close_notify as a plain end of file (adb closes its socket without one,
-/// and the driver tells a clean end from a truncated packet by itself),
-/// and a TLS alert in words.
-pub struct EofAsEnd<R>(pub R);
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EofAsEnd<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match std::pin::Pin::new(&mut self.0).poll_read(cx, buf) {
-            std::task::Poll::Ready(Err(error))
-                if error.kind() == std::io::ErrorKind::UnexpectedEof =>
-            {
-                std::task::Poll::Ready(Ok(()))
-            }
-            std::task::Poll::Ready(Err(error)) => {
-                let alert = error
-                    .get_ref()
-                    .and_then(|e| e.downcast_ref::<rustls::Error>())
-                    .and_then(|e| match e {
-                        rustls::Error::AlertReceived(alert) => Some(*alert),
-                        _ => None,
-                    });
-                match alert {
-                    Some(alert) => std::task::Poll::Ready(Err(std::io::Error::new(
-                        error.kind(),
-                        alert_text(alert),
-                    ))),
-                    None => std::task::Poll::Ready(Err(error)),
-                }
-            }
-            other => other,
-        }
-    }
 }

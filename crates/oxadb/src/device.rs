@@ -215,7 +215,7 @@ impl Device {
                 tokio::spawn(run);
                 (connection, Some(seen))
             }
-            tls @ oxadb_io::tls::TcpTransport::Tls(_) => {
+            tls @ oxadb_io::tls::TcpTransport::Tls { .. } => {
                 tracing::debug!(device = %serial, "TLS 1.3 established");
                 let (connection, run) =
                     Connection::start_tcp(tls, engine, label, auth).map_err(connect_error)?;

@@ -3,10 +3,18 @@
 //! queue) on real kernel TCP between two network namespaces
 //! (`emulator.rs`), interleaved, with the kernel's TCP buffers sized for the
 //! bandwidth-delay product and, in extra rows, with the kernel's defaults.
+//! Every row runs on each link kind: 64 KiB offloaded frames (what a
+//! virtual NIC hands over), plain 1500-byte frames (what Ethernet and Wi-Fi
+//! deliver), and 1500-byte frames released in clumps (Wi-Fi-like
+//! aggregation, which makes acknowledgements arrive in bursts); see
+//! docs/benchmarks.md, "Long links with 1500-byte frames". `--namespaces`
+//! runs the same rows over two namespaces another emulator joined, as a
+//! cross-check of this one.
 //!
 //! Side a (198.18.0.1) runs every client; side b (198.18.0.2) runs oxadbd,
 //! listening on 198.18.0.2:5555 itself (`--insecure`: the namespace is the
-//! benchmark's own), and the iperf3 server.
+//! benchmark's own; TLS as the daemon offers it beyond loopback), and the
+//! iperf3 server.
 //!
 //! Every row reports CPU seconds per GiB moved on each side: the client
 //! process (and, for adb, its server), and everything in namespace b (the
@@ -29,38 +37,56 @@ use crate::emulator::{self, Counters, Emulator, LinkParams, Side, DEVICE_ADDR, E
 pub struct EmulatedArgs {
     /// Bytes per transfer (suffixes K, M, G are powers of 1024).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
-    size: u64,
+    pub(crate) size: u64,
     /// Runs of each transfer; medians are reported.
     #[arg(long, default_value_t = 1)]
-    runs: usize,
+    pub(crate) runs: usize,
     /// Round trips to emulate, in milliseconds, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,10,50")]
-    rtts: Vec<f64>,
+    pub(crate) rtts: Vec<f64>,
     /// Link rate in Mbit/s (Ethernet wire rate, each direction).
     #[arg(long, default_value_t = 1000.0)]
-    rate_mbit: f64,
-    /// Release frames together every this many milliseconds (0: one by one).
-    #[arg(long, default_value_t = 0.0)]
-    burst_ms: f64,
+    pub(crate) rate_mbit: f64,
+    /// Link kinds, comma-separated, each running every row: offload (64 KiB
+    /// TSO frames through the TAP devices), plain (1500-byte frames, no
+    /// offloads), clumped (1500-byte frames released together every
+    /// --clump-ms, both directions).
+    #[arg(long, value_delimiter = ',', default_value = "offload,plain,clumped")]
+    pub(crate) links: Vec<String>,
+    /// The clumped link's release interval in milliseconds (an 802.11ac
+    /// aggregate lasts at most about 5.5 ms).
+    #[arg(long, default_value_t = 4.0)]
+    pub(crate) clump_ms: f64,
+    /// Two existing namespaces (host side with 198.18.0.1, device side with
+    /// 198.18.0.2) joined by another link emulator, instead of links of our
+    /// own: the same rows, as a cross-check. Give the link's round trip
+    /// with --rtts and its rate with --rate-mbit; adb is not run there.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1,
+        value_name = "HOST_NS,DEVICE_NS"
+    )]
+    pub(crate) namespaces: Option<Vec<String>>,
     /// Tail-drop queue in bytes [default: 2 x bandwidth-delay product + 256 KiB].
     #[arg(long, value_parser = parse_size)]
-    queue_limit: Option<u64>,
+    pub(crate) queue_limit: Option<u64>,
     /// Maximum of net.ipv4.tcp_rmem and tcp_wmem in both namespaces (at least
     /// twice the largest bandwidth-delay product: 6.25 MB at 1 Gbit/s x 50 ms).
     #[arg(long, default_value = "32M", value_parser = parse_size)]
-    buffers: u64,
+    pub(crate) buffers: u64,
     /// tcp_rmem maximum for the default-buffer rows [default: what a new
     /// namespace gets from the kernel, 32 MiB on Debian 12's 6.x kernels].
     #[arg(long, value_parser = parse_size)]
-    small_rmem: Option<u64>,
+    pub(crate) small_rmem: Option<u64>,
     /// tcp_wmem maximum for the default-buffer rows [default: what a new
     /// namespace gets, 4 MiB].
     #[arg(long, value_parser = parse_size)]
-    small_wmem: Option<u64>,
+    pub(crate) small_wmem: Option<u64>,
     /// TCP congestion control in both namespaces (e.g. cubic) [default: the
     /// one a new namespace gets, the host's].
     #[arg(long)]
-    congestion_control: Option<String>,
+    pub(crate) congestion_control: Option<String>,
     /// Transfers, comma-separated: iperf3, adb, oxadb-classic, oxadb-aosp,
     /// oxadb-adaptive.
     #[arg(
@@ -68,44 +94,44 @@ pub struct EmulatedArgs {
         value_delimiter = ',',
         default_value = "iperf3,adb,oxadb-classic,oxadb-aosp,oxadb-adaptive"
     )]
-    clients: Vec<String>,
+    pub(crate) clients: Vec<String>,
     /// Transfers repeated with the kernel's default buffers (empty: none).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "iperf3,oxadb-aosp,oxadb-adaptive"
     )]
-    small_clients: Vec<String>,
-    /// Turn off segmentation offload on the TAP devices: every 1500-byte frame
-    /// then crosses the forwarder on its own (about 45 times the frames).
+    pub(crate) small_clients: Vec<String>,
+    /// The daemon's --tls (off, on, required) [default: the daemon's own,
+    /// TLS offered beyond loopback, which oxadb takes].
     #[arg(long)]
-    no_offload: bool,
+    pub(crate) daemon_tls: Option<String>,
     #[arg(long, default_value = "target/release/oxadbd")]
-    oxadbd: PathBuf,
+    pub(crate) oxadbd: PathBuf,
     #[arg(long, default_value = "target/release/oxadb")]
-    oxadb: PathBuf,
+    pub(crate) oxadb: PathBuf,
     /// Google's adb (Debian's adb 29 by default).
     #[arg(long, default_value = "adb")]
-    adb: PathBuf,
+    pub(crate) adb: PathBuf,
     #[arg(long, default_value = "iperf3")]
-    iperf3: PathBuf,
+    pub(crate) iperf3: PathBuf,
     /// A tmpfs directory for the data (the pull destination must be tmpfs).
     #[arg(long, default_value = "/dev/shm")]
-    workdir: PathBuf,
+    pub(crate) workdir: PathBuf,
 }
 
 /// Where oxadbd listens inside namespace b (on DEVICE_ADDR).
-const DAEMON_PORT: u16 = 5555;
+pub(crate) const DAEMON_PORT: u16 = 5555;
 const IPERF3_PORT: u16 = 5201;
 /// TCP payload per 1500-byte frame with timestamps, and what that frame
 /// occupies on the wire (IP and TCP 52, Ethernet 14, framing 24).
-const MSS: f64 = 1448.0;
-const SEGMENT_WIRE: f64 = MSS + 52.0 + 14.0 + ETHERNET_FRAMING as f64;
+pub(crate) const MSS: f64 = 1448.0;
+pub(crate) const SEGMENT_WIRE: f64 = MSS + 52.0 + 14.0 + ETHERNET_FRAMING as f64;
 
 /// What one packet carries under classic flow control: a push fills the
 /// 1 MiB payload; oxadbd's pull packets are whole DATA frames, 15 of
 /// 64 KiB + 8 (983,160 bytes).
-fn packet_payload(push: bool) -> f64 {
+pub(crate) fn packet_payload(push: bool) -> f64 {
     use oxadb_wire::sync::{HEADER_LEN, SYNC_DATA_MAX};
     let max = oxadb_wire::MAX_PAYLOAD as usize;
     if push {
@@ -117,7 +143,7 @@ fn packet_payload(push: bool) -> f64 {
 }
 
 /// Stop-and-wait: one packet per round trip plus its own serialization.
-fn stop_and_wait_mb_s(push: bool, rtt: Duration, rate: f64) -> f64 {
+pub(crate) fn stop_and_wait_mb_s(push: bool, rtt: Duration, rate: f64) -> f64 {
     let payload = packet_payload(push);
     let serialization = payload * SEGMENT_WIRE / MSS / rate;
     payload / (rtt.as_secs_f64() + serialization) / 1e6
@@ -176,36 +202,36 @@ struct Measured {
 }
 
 /// One table row and its runs.
-struct Row {
-    label: String,
-    push: bool,
-    small: bool,
-    rates: Vec<f64>,
-    walls: Vec<f64>,
-    drops: Vec<u64>,
-    stats: Vec<Vec<String>>,
+pub(crate) struct Row {
+    pub(crate) label: String,
+    pub(crate) push: bool,
+    pub(crate) small: bool,
+    pub(crate) rates: Vec<f64>,
+    pub(crate) walls: Vec<f64>,
+    pub(crate) drops: Vec<u64>,
+    pub(crate) stats: Vec<Vec<String>>,
     /// CPU seconds per GiB moved: client side, device side.
-    client_cpu: Vec<f64>,
-    device_cpu: Vec<f64>,
+    pub(crate) client_cpu: Vec<f64>,
+    pub(crate) device_cpu: Vec<f64>,
 }
 
 /// What one round trip gave.
-struct RttResult {
-    rtt: Duration,
-    params: LinkParams,
-    ping: String,
+pub(crate) struct RttResult {
+    pub(crate) rtt: Duration,
+    pub(crate) params: LinkParams,
+    pub(crate) ping: String,
     /// How the ping compares with the configured round trip.
-    ping_verdict: &'static str,
-    rows: Vec<Row>,
+    pub(crate) ping_verdict: &'static str,
+    pub(crate) rows: Vec<Row>,
     /// Link totals over the round trip's transfers.
-    frames: u64,
+    pub(crate) frames: u64,
     /// The 1500-byte frames they stand for (more when offloads are on).
-    segments: u64,
+    pub(crate) segments: u64,
     /// 1500-byte frames dropped.
-    drops: u64,
-    late_sum_ns: u64,
-    late_max_ns: u64,
-    peak_backlog: u64,
+    pub(crate) drops: u64,
+    pub(crate) late_sum_ns: u64,
+    pub(crate) late_max_ns: u64,
+    pub(crate) peak_backlog: u64,
 }
 
 /// A background process (daemon, server), killed and reaped on drop.
@@ -478,13 +504,29 @@ impl Bench<'_> {
     /// oxadbd inside namespace b on DEVICE_ADDR with `credit`, without
     /// authentication: only this benchmark's namespace a can reach it.
     fn start_daemon(&self, credit: &str) -> Result<Background> {
-        let log = File::create(self.dir.join(format!("oxadbd-{credit}.log")))?;
+        // Appended to: `tls_connections` counts over the link's whole run.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("oxadbd-{credit}.log")))?;
         Background::spawn_listening(
             self.emu
                 .command(Side::B, &self.oxadbd)
                 .arg("--listen")
                 .arg(format!("{DEVICE_ADDR}:{DAEMON_PORT}"))
                 .args(["--insecure", "--no-auth", "--credit", credit])
+                // The key and certificate TLS makes on first use: in our
+                // directory, not the machine's /etc/oxadbd.
+                .arg("--tls-key")
+                .arg(self.dir.join("tls_key.pem"))
+                .arg("--tls-cert")
+                .arg(self.dir.join("tls_cert.pem"))
+                .args(
+                    self.args
+                        .daemon_tls
+                        .iter()
+                        .flat_map(|mode| ["--tls", mode.as_str()]),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log),
@@ -501,19 +543,34 @@ impl Bench<'_> {
             .env_remove("ANDROID_SERIAL")
             .env_remove("OXADB_NO_BURST")
             .args(["-s", &self.serial, "--credit", credit]);
+        // Compression off: random data would only pay for it.
         if push {
             command
-                .args(["push", "--stats"])
+                .args(["push", "-z", "none", "--stats"])
                 .arg(&self.source)
                 .arg(&self.null_node);
         } else {
             command
-                .args(["pull", "--stats"])
+                .args(["pull", "-z", "none", "--stats"])
                 .arg(&self.source)
                 .arg(&self.pulled);
         }
         let what = format!("oxadb {credit} {}", if push { "push" } else { "pull" });
         self.transfer(&mut command, push, &what)
+    }
+
+    /// Connections the daemons took, and how many of them moved to TLS,
+    /// from their logs (removed: the next link starts afresh).
+    fn tls_connections(&self) -> (usize, usize) {
+        let mut counts = (0, 0);
+        for credit in ["classic", "aosp", "adaptive"] {
+            let path = self.dir.join(format!("oxadbd-{credit}.log"));
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            counts.0 += text.matches("connection accepted").count();
+            counts.1 += text.matches("TLS 1.3 established").count();
+            let _ = std::fs::remove_file(&path);
+        }
+        counts
     }
 
     /// Checks the whole path (client, link, daemon) once, and lets
@@ -607,6 +664,56 @@ fn check_tool(program: &Path, arg: &str, hint: &str) -> Result<String> {
     ))
 }
 
+/// One kind of link, every row of which runs on each (`--links`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Link {
+    /// 64 KiB offloaded frames through the TAP devices (IFF_VNET_HDR with
+    /// TSO), each charged as the 1500-byte frames it stands for.
+    Offload,
+    /// 1500-byte frames, one by one.
+    Plain,
+    /// 1500-byte frames released together every `--clump-ms`, both ways.
+    Clumped,
+    /// Another emulator's namespaces (`--namespaces`).
+    External,
+}
+
+impl Link {
+    fn parse(text: &str) -> Result<Link> {
+        Ok(match text {
+            "offload" => Link::Offload,
+            "plain" => Link::Plain,
+            "clumped" => Link::Clumped,
+            _ => bail!("unknown link {text:?}: expected offload, plain or clumped"),
+        })
+    }
+
+    /// The heading of the link's tables.
+    pub(crate) fn describe(self, args: &EmulatedArgs) -> String {
+        match self {
+            Link::Offload => "64 KiB offloaded frames (TSO through the TAP devices)".into(),
+            Link::Plain => "plain 1500-byte frames, no offloads".into(),
+            Link::Clumped => format!(
+                "1500-byte frames released in clumps every {} ms, both ways (acknowledgements arrive in bursts, as over Wi-Fi)",
+                args.clump_ms
+            ),
+            Link::External => format!(
+                "another emulator's namespaces {} (1500-byte frames as it forwards them)",
+                args.namespaces.as_deref().unwrap_or_default().join(" and ")
+            ),
+        }
+    }
+}
+
+/// Everything one link gave.
+pub(crate) struct LinkRun {
+    pub(crate) link: Link,
+    pub(crate) results: Vec<RttResult>,
+    pub(crate) texts: ReportTexts,
+    /// The namespaces, host side first.
+    pub(crate) names: [String; 2],
+}
+
 pub fn emulated(args: EmulatedArgs) -> Result<()> {
     // First, before any thread exists: every later thread inherits the mask.
     emulator::install_signal_cleanup()?;
@@ -617,6 +724,7 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
         "round trips must be in (0, 1000] ms"
     );
     ensure!(args.rate_mbit > 0.0, "--rate-mbit must be positive");
+    ensure!(args.clump_ms > 0.0, "--clump-ms must be positive");
     ensure!(
         unsafe { libc::geteuid() } == 0,
         "the emulator creates network namespaces: run as root"
@@ -632,9 +740,34 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
         .filter(|c| !c.is_empty())
         .map(|c| Client::parse(c))
         .collect::<Result<_>>()?;
+    let uses = |c: Client| clients.contains(&c) || small_clients.contains(&c);
+    let links: Vec<Link> = match &args.namespaces {
+        Some(names) => {
+            ensure!(
+                names.len() == 2,
+                "--namespaces takes two names: the host side's and the device side's"
+            );
+            ensure!(
+                args.rtts.len() == 1,
+                "--namespaces: give the other emulator's round trip as the one value of --rtts"
+            );
+            // adb's server outlives its client; in namespaces that are not
+            // ours it could not be told from processes we must not end.
+            ensure!(
+                !uses(Client::Adb),
+                "--namespaces: adb's server cannot be cleaned up in namespaces this program did not make; leave adb out of --clients"
+            );
+            vec![Link::External]
+        }
+        None => args
+            .links
+            .iter()
+            .map(|l| Link::parse(l))
+            .collect::<Result<_>>()?,
+    };
+    ensure!(!links.is_empty(), "--links is empty");
     check_tool(Path::new("ip"), "-V", "apt-get install iproute2")?;
     check_tool(Path::new("ping"), "-V", "apt-get install iputils-ping")?;
-    let uses = |c: Client| clients.contains(&c) || small_clients.contains(&c);
     let iperf3_version = if uses(Client::Iperf3) {
         check_tool(&args.iperf3, "--version", "apt-get install iperf3")?
     } else {
@@ -652,21 +785,6 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
     let oxadbd = absolute(&args.oxadbd)?;
     let oxadb = absolute(&args.oxadb)?;
 
-    let rate = args.rate_mbit * 1e6 / 8.0;
-    let params_for = |rtt: Duration| LinkParams {
-        rate,
-        one_way: rtt / 2,
-        burst: (args.burst_ms > 0.0).then(|| Duration::from_secs_f64(args.burst_ms / 1e3)),
-        queue_limit: args
-            .queue_limit
-            .unwrap_or_else(|| LinkParams::default_queue_limit(rate, rtt)),
-    };
-    let rtts: Vec<Duration> = args
-        .rtts
-        .iter()
-        .map(|ms| Duration::from_secs_f64(ms / 1e3))
-        .collect();
-
     let dir = args.workdir.join(format!("oxemu-{}", std::process::id()));
     ensure!(!dir.exists(), "{} already exists", dir.display());
     std::fs::create_dir_all(dir.join("oxadb-home"))?;
@@ -677,83 +795,134 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
         crate::write_random_file(&source, args.size)?;
         let null_node = dir.join("null");
         crate::make_null_node(&null_node)?;
-        let emu = Emulator::start(params_for(rtts[0]), !args.no_offload)?;
-        let (mut small, mut small_w) = emu.tcp_buffer_values()?;
-        if let Some(max) = args.small_rmem {
-            small[2] = max;
-        }
-        if let Some(max) = args.small_wmem {
-            small_w[2] = max;
-        }
-        let big = [small[0], small[1], args.buffers];
-        let big_w = [small_w[0], small_w[1], args.buffers];
-        emu.set_tcp_buffers(big, big_w)?;
-        let big_text = emu.tcp_buffers()?;
-        if let Some(name) = &args.congestion_control {
-            // A namespace other than the host's may only pick what the host
-            // allows (net.ipv4.tcp_allowed_congestion_control), which this
-            // program leaves alone.
-            emu.set_sysctl("net.ipv4.tcp_congestion_control", name)
-                .with_context(|| {
-                    let allowed = std::fs::read_to_string(
-                        "/proc/sys/net/ipv4/tcp_allowed_congestion_control",
-                    )
-                    .unwrap_or_default();
-                    format!(
-                        "--congestion-control {name}: namespaces may use only what the host allows: {}",
-                        allowed.trim()
-                    )
-                })?;
-        }
-        let congestion = emu.sysctl("net.ipv4.tcp_congestion_control")?;
-        let mut bench = Bench {
-            args: &args,
-            emu,
-            dir: dir.clone(),
-            pulled: dir.join("pulled.bin"),
-            source,
-            null_node,
-            oxadbd,
-            oxadb,
-            serial: format!("{DEVICE_ADDR}:{DAEMON_PORT}"),
-            timeout: Duration::ZERO,
-            adb_sessions: 0,
-        };
-        let small_text = {
-            bench.emu.set_tcp_buffers(small, small_w)?;
-            let text = bench.emu.tcp_buffers()?;
-            bench.emu.set_tcp_buffers(big, big_w)?;
-            text
-        };
-        bench.warm_up()?;
-        let mut results = Vec::new();
-        for &rtt in &rtts {
-            results.push(run_rtt(
-                &mut bench,
-                rtt,
-                params_for(rtt),
-                &clients,
-                &small_clients,
-                [big, big_w, small, small_w],
-            )?);
+        let mut runs = Vec::new();
+        for &link in &links {
+            let bench = Bench {
+                args: &args,
+                emu: open_link(&args, link)?,
+                dir: dir.clone(),
+                pulled: dir.join("pulled.bin"),
+                source: source.clone(),
+                null_node: null_node.clone(),
+                oxadbd: oxadbd.clone(),
+                oxadb: oxadb.clone(),
+                serial: format!("{DEVICE_ADDR}:{DAEMON_PORT}"),
+                timeout: Duration::ZERO,
+                adb_sessions: 0,
+            };
+            let texts = ReportTexts {
+                adb_version: adb_version.clone(),
+                iperf3_version: iperf3_version.clone(),
+                ..ReportTexts::default()
+            };
+            runs.push(run_link(bench, link, &clients, &small_clients, texts)?);
         }
         ensure!(
             std::fs::metadata("/dev/null")?.file_type().is_char_device(),
             "/dev/null is no longer a character device"
         );
-        let texts = ReportTexts {
-            buffers: big_text,
-            small_buffers: small_text,
-            congestion,
-            adb_version,
-            iperf3_version,
-        };
-        print_report(&args, &bench, &results, &texts);
+        crate::emulated_report::print(&args, &oxadb, &oxadbd, &runs);
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&dir);
     emulator::forget_path(&dir);
     result
+}
+
+/// The link's shape at round trip `rtt`.
+fn params_for(args: &EmulatedArgs, link: Link, rtt: Duration) -> LinkParams {
+    let rate = args.rate_mbit * 1e6 / 8.0;
+    LinkParams {
+        rate,
+        one_way: rtt / 2,
+        burst: (link == Link::Clumped).then(|| Duration::from_secs_f64(args.clump_ms / 1e3)),
+        queue_limit: args
+            .queue_limit
+            .unwrap_or_else(|| LinkParams::default_queue_limit(rate, rtt)),
+    }
+}
+
+fn round_trips(args: &EmulatedArgs) -> Vec<Duration> {
+    args.rtts
+        .iter()
+        .map(|ms| Duration::from_secs_f64(ms / 1e3))
+        .collect()
+}
+
+/// Our own two namespaces joined by our forwarder, or another emulator's.
+fn open_link(args: &EmulatedArgs, link: Link) -> Result<Emulator> {
+    match (link, &args.namespaces) {
+        (Link::External, Some(names)) => Emulator::attach([names[0].clone(), names[1].clone()]),
+        _ => Emulator::start(
+            params_for(args, link, round_trips(args)[0]),
+            link == Link::Offload,
+        ),
+    }
+}
+
+/// Every round trip on one link, with the TCP buffers and congestion
+/// control the arguments ask for.
+fn run_link(
+    mut bench: Bench,
+    link: Link,
+    clients: &[Client],
+    small_clients: &[Client],
+    mut texts: ReportTexts,
+) -> Result<LinkRun> {
+    let args = bench.args;
+    let (mut small, mut small_w) = bench.emu.tcp_buffer_values()?;
+    if let Some(max) = args.small_rmem {
+        small[2] = max;
+    }
+    if let Some(max) = args.small_wmem {
+        small_w[2] = max;
+    }
+    let big = [small[0], small[1], args.buffers];
+    let big_w = [small_w[0], small_w[1], args.buffers];
+    if let Some(name) = &args.congestion_control {
+        // A namespace other than the host's may only pick what the host
+        // allows (net.ipv4.tcp_allowed_congestion_control), which this
+        // program leaves alone.
+        bench
+            .emu
+            .set_sysctl("net.ipv4.tcp_congestion_control", name)
+            .with_context(|| {
+                let allowed =
+                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+                        .unwrap_or_default();
+                format!(
+                    "--congestion-control {name}: namespaces may use only what the host allows: {}",
+                    allowed.trim()
+                )
+            })?;
+    }
+    texts.congestion = bench.emu.sysctl("net.ipv4.tcp_congestion_control")?;
+    bench.emu.set_tcp_buffers(small, small_w)?;
+    texts.small_buffers = bench.emu.tcp_buffers()?;
+    bench.emu.set_tcp_buffers(big, big_w)?;
+    texts.buffers = bench.emu.tcp_buffers()?;
+    bench.warm_up()?;
+    let mut results = Vec::new();
+    for rtt in round_trips(args) {
+        results.push(run_rtt(
+            &mut bench,
+            rtt,
+            params_for(args, link, rtt),
+            clients,
+            small_clients,
+            [big, big_w, small, small_w],
+        )?);
+    }
+    texts.tls = bench.tls_connections();
+    Ok(LinkRun {
+        link,
+        results,
+        texts,
+        names: [
+            bench.emu.name(Side::A).to_string(),
+            bench.emu.name(Side::B).to_string(),
+        ],
+    })
 }
 
 /// Every run of every transfer at one round trip, interleaved.
@@ -911,149 +1080,13 @@ fn run_rtt(
 }
 
 /// What the report quotes from the tools and the namespaces.
-struct ReportTexts {
-    buffers: String,
-    small_buffers: String,
-    congestion: String,
-    adb_version: String,
-    iperf3_version: String,
-}
-
-fn print_report(args: &EmulatedArgs, bench: &Bench, results: &[RttResult], texts: &ReportTexts) {
-    let (big_text, small_text) = (&texts.buffers, &texts.small_buffers);
-    let (adb_version, iperf3_version) = (&texts.adb_version, &texts.iperf3_version);
-    let rate = args.rate_mbit * 1e6 / 8.0;
-    println!("Machine: {}", crate::machine_description());
-    let mut tools = Vec::new();
-    if let Some(line) = adb_version.lines().nth(1) {
-        tools.push(format!(
-            "Google adb {}",
-            line.trim().trim_start_matches("Version ")
-        ));
-    }
-    if let Some(line) = iperf3_version.lines().next() {
-        tools.push(line.trim().to_string());
-    }
-    tools.push(format!(
-        "{} and {}",
-        bench.oxadb.display(),
-        bench.oxadbd.display()
-    ));
-    println!("Tools: {}", tools.join("; "));
-    let rtts: Vec<String> = args.rtts.iter().map(|r| format!("{r}")).collect();
-    println!(
-        "Link: {} Mbit/s each way ({:.1} MB/s of TCP payload in 1500-byte frames), round trips {} ms, burst release {}, tail-drop queue {}, TAP segmentation offload {}",
-        args.rate_mbit,
-        rate * MSS / SEGMENT_WIRE / 1e6,
-        rtts.join(", "),
-        if args.burst_ms > 0.0 {
-            format!("every {} ms", args.burst_ms)
-        } else {
-            "off".to_string()
-        },
-        args.queue_limit.map_or("2 x BDP + 256 KiB".to_string(), |q| format!("{q} bytes")),
-        if bench.emu.offload {
-            "on (64 KiB frames, charged as the 1500-byte frames they stand for)"
-        } else {
-            "off"
-        }
-    );
-    println!(
-        "Namespaces: {} (198.18.0.1/24, every client) and {} (198.18.0.2/24: oxadbd on 198.18.0.2:{DAEMON_PORT}, the iperf3 server)",
-        bench.emu.name(Side::A),
-        bench.emu.name(Side::B)
-    );
-    println!(
-        "TCP congestion control: {}{}",
-        texts.congestion,
-        if args.congestion_control.is_some() {
-            " (--congestion-control)"
-        } else {
-            " (what a new namespace inherits from the host)"
-        }
-    );
-    println!("TCP buffers: {big_text}");
-    println!("Default-buffer rows (the kernel's defaults for a new namespace unless --small-rmem/--small-wmem): {small_text}");
-    println!(
-        "Transfer: {} MiB of random data per run, {} run(s), interleaved (order rotated per run); pushes into a private character device node (1, 3), pulls into tmpfs, every pull compared with the source byte for byte",
-        args.size >> 20,
-        args.runs
-    );
-    println!(
-        "MB/s are 10^6 bytes/s, as the tool reports them: iperf3's receiver, adb's and oxadb's `(N bytes in T s)`; wall MB/s is the size over the client process's whole life (start, connect, transfer). The stop-and-wait bound is classic flow control's ceiling: one packet per round trip plus its serialization ({:.0} bytes per push packet, {:.0} per pull packet).",
-        packet_payload(true),
-        packet_payload(false)
-    );
-    for result in results {
-        let ms = result.rtt.as_secs_f64() * 1e3;
-        println!();
-        println!("### Round trip {ms} ms");
-        println!();
-        println!(
-            "Ping {}: {}; queue limit {} bytes; link over these transfers: {} frames ({} of 1500 bytes), {} of 1500 bytes dropped, released {:.0} us late on average, {:.0} us at most, longest queue {} bytes",
-            result.ping,
-            result.ping_verdict,
-            result.params.queue_limit,
-            result.frames,
-            result.segments,
-            result.drops,
-            if result.frames == 0 { 0.0 } else { result.late_sum_ns as f64 / result.frames as f64 / 1e3 },
-            result.late_max_ns as f64 / 1e3,
-            result.peak_backlog
-        );
-        println!();
-        println!("| transfer | runs (MB/s) | median MB/s | wall MB/s | vs iperf3 | stop-and-wait bound MB/s | vs bound | client CPU s/GiB | device CPU s/GiB | frames dropped |");
-        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-        // Each row against iperf3 in the same direction with the same buffers.
-        let iperf3 = |push: bool, small: bool| {
-            result
-                .rows
-                .iter()
-                .find(|r| r.small == small && r.label.starts_with("iperf3") && r.push == push)
-                .map(|r| crate::median(&mut r.rates.clone()))
-        };
-        for row in &result.rows {
-            let median = crate::median(&mut row.rates.clone());
-            let wall = crate::median(&mut row.walls.clone());
-            let versus = iperf3(row.push, row.small)
-                .map_or("-".to_string(), |i| format!("{:.2}", median / i));
-            let client_cpu = crate::median(&mut row.client_cpu.clone());
-            let device_cpu = crate::median(&mut row.device_cpu.clone());
-            let (bound, versus_bound) = if row.label.starts_with("iperf3") {
-                ("-".to_string(), "-".to_string())
-            } else {
-                let bound = stop_and_wait_mb_s(row.push, result.rtt, rate);
-                (format!("{bound:.1}"), format!("{:.2}", median / bound))
-            };
-            let drops: Vec<String> = row.drops.iter().map(|d| d.to_string()).collect();
-            println!(
-                "| {}{} | {} | {median:.1} | {wall:.1} | {versus} | {bound} | {versus_bound} | {client_cpu:.2} | {device_cpu:.2} | {} |",
-                row.label,
-                if row.small { ", default buffers" } else { "" },
-                row.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
-                drops.join(", ")
-            );
-        }
-    }
-    println!();
-    println!("### oxadb --stats (the sync stream, as the client saw it)");
-    for result in results {
-        for row in result.rows.iter().filter(|r| r.label.starts_with("oxadb")) {
-            for (run, stats) in row.stats.iter().enumerate() {
-                println!();
-                println!(
-                    "{}{}, round trip {} ms, run {}:",
-                    row.label,
-                    if row.small { ", default buffers" } else { "" },
-                    result.rtt.as_secs_f64() * 1e3,
-                    run + 1
-                );
-                println!("```");
-                for line in stats {
-                    println!("{line}");
-                }
-                println!("```");
-            }
-        }
-    }
+#[derive(Default)]
+pub(crate) struct ReportTexts {
+    pub(crate) buffers: String,
+    pub(crate) small_buffers: String,
+    pub(crate) congestion: String,
+    pub(crate) adb_version: String,
+    pub(crate) iperf3_version: String,
+    /// Connections to oxadbd, and how many of them TLS carried.
+    pub(crate) tls: (usize, usize),
 }

@@ -612,7 +612,10 @@ fn open_tap(ns: &str, dev: &str, vnet: bool) -> Result<OwnedFd> {
 pub struct Emulator {
     names: [String; 2],
     taps: [String; 2],
-    pub offload: bool,
+    /// Namespaces another link emulator made ([`Emulator::attach`]): no
+    /// forwarder of ours, nothing in them killed or removed, and the
+    /// sysctls we change put back: (namespace, key, value before).
+    external: Option<Vec<(String, String, String)>>,
     params: Arc<Mutex<LinkParams>>,
     /// a→b (host to device) and b→a.
     pub stats: [Arc<DirectionStats>; 2],
@@ -636,7 +639,7 @@ impl Emulator {
         let mut emulator = Emulator {
             names: names.clone(),
             taps: taps.clone(),
-            offload,
+            external: None,
             params: Arc::new(Mutex::new(params)),
             stats: Default::default(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -678,6 +681,56 @@ impl Emulator {
             emulator.threads.push(thread);
         }
         Ok(emulator)
+    }
+
+    /// Uses two namespaces that another link emulator made and joined (a
+    /// cross-check of ours): `names[0]` must hold 198.18.0.1 and
+    /// `names[1]` 198.18.0.2. Their `tcp_rmem` and `tcp_wmem` are put back
+    /// on drop; nothing else of theirs is touched.
+    pub fn attach(names: [String; 2]) -> Result<Emulator> {
+        let mut saved = Vec::new();
+        for (name, addr) in names.iter().zip([HOST_ADDR, DEVICE_ADDR]) {
+            ensure!(
+                netns_path(name).exists(),
+                "network namespace {name} does not exist (start the other emulator first)"
+            );
+            let output = Command::new("ip")
+                .args(["-n", name, "-4", "-o", "addr", "show"])
+                .output()
+                .context("running ip (iproute2)")?;
+            let text = String::from_utf8_lossy(&output.stdout);
+            ensure!(
+                text.contains(&format!("inet {addr}/")),
+                "namespace {name} has no address {addr}: {text}"
+            );
+            for key in [
+                "net.ipv4.tcp_rmem",
+                "net.ipv4.tcp_wmem",
+                "net.ipv4.tcp_congestion_control",
+            ] {
+                saved.push((name.clone(), key.to_string(), read_sysctl_in(name, key)?));
+            }
+        }
+        Ok(Emulator {
+            names,
+            taps: [String::new(), String::new()],
+            external: Some(saved),
+            params: Arc::new(Mutex::new(LinkParams {
+                rate: 0.0,
+                one_way: Duration::ZERO,
+                burst: None,
+                queue_limit: 0,
+            })),
+            stats: Default::default(),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+        })
+    }
+
+    /// Whether the link is another emulator's ([`Emulator::attach`]): its
+    /// counters are not ours to read.
+    pub fn is_external(&self) -> bool {
+        self.external.is_some()
     }
 
     pub fn name(&self, side: Side) -> &str {
@@ -752,8 +805,12 @@ impl Emulator {
         Ok(parts.join("; "))
     }
 
-    /// Kills whatever still runs in one side's namespace.
+    /// Kills whatever still runs in one side's namespace (never in another
+    /// emulator's namespaces, where it may not be ours).
     pub fn kill_processes(&self, side: Side) -> usize {
+        if self.is_external() {
+            return 0;
+        }
         kill_processes_in(self.name(side))
     }
 
@@ -770,6 +827,12 @@ impl Emulator {
 
 impl Drop for Emulator {
     fn drop(&mut self) {
+        if let Some(saved) = &self.external {
+            for (name, key, value) in saved {
+                let _ = sysctl_in(name, key, value);
+            }
+            return;
+        }
         self.stop.store(true, Ordering::Relaxed);
         for thread in self.threads.drain(..) {
             let _ = thread.join();

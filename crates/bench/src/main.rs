@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
 mod emulated;
+mod emulated_report;
 mod emulator;
 mod forward_loopback;
 mod memory;
@@ -95,7 +96,7 @@ enum Bench {
     /// emulated link on real kernel TCP: two network namespaces joined by a
     /// userspace forwarder (rate, round trip, tail-drop queue). Needs root,
     /// iproute2, iperf3 and adb.
-    Emulated(emulated::EmulatedArgs),
+    Emulated(Box<emulated::EmulatedArgs>),
     /// One transfer of random data through `oxadb forward` and through
     /// `oxadb reverse` against oxadbd on loopback, both directions, with
     /// the ratio reverse / forward from the same run.
@@ -170,7 +171,7 @@ fn main() -> Result<()> {
             std::time::Duration::from_secs_f64(stall_seconds),
         ),
         Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
-        Bench::Emulated(args) => emulated::emulated(args),
+        Bench::Emulated(args) => emulated::emulated(*args),
         Bench::ForwardLoopback(args) => forward_loopback::forward_loopback(args),
     }
 }

@@ -133,10 +133,15 @@ impl ReceivePolicy for AdaptiveWindow {
         adaptive.measure_rate(counts.consumed, counts.received, now_ns);
         adaptive.consumer_kept_up = counts.consumed == counts.received;
         let caught_up = adaptive.consumer_kept_up;
-        // More than a packet waiting: the consumer, not the window, sets the
-        // pace from here (TCP's slow start ends at its first loss).
-        if counts.received - counts.consumed > adaptive.floor {
-            adaptive.ramp.end();
+        // More than a packet waiting for over a round trip: the consumer,
+        // not the window, sets the pace from here (slow_start.rs).
+        if let Some(rtt) = adaptive.min_rtt_ns {
+            let left = counts.received - counts.consumed > adaptive.floor;
+            let waited = now_ns.saturating_sub(adaptive.stalls.last_read.0);
+            let floor = adaptive.floor;
+            adaptive
+                .ramp
+                .on_backlog(backlog > floor, left, waited, now_ns, rtt);
         }
         if let Some(target) = adaptive.ramp.on_consumed(caught_up) {
             adaptive.grow_to(target);
@@ -769,11 +774,11 @@ mod tests {
 
     /// A sender limited by credit on a long link: each round trip it sends
     /// all it was granted, the consumer takes it at once, and what that frees
-    /// reaches the sender for the next round. The ramp doubles what moves per
-    /// round trip, as TCP's slow start doubles cwnd; the rate rule alone,
-    /// measuring once per round trip, lags behind it.
+    /// reaches the sender for the next round. The ramp multiplies what moves
+    /// per round trip by its gain (three, ahead of TCP's own ramp) up to the
+    /// cap; the rate rule alone, measuring once per round trip, lags behind it.
     #[test]
-    fn the_ramp_doubles_what_moves_each_round_trip_while_credit_limits() {
+    fn the_ramp_triples_what_moves_each_round_trip_while_credit_limits() {
         let packet: u64 = 1 << 20;
         let moved_per_round = |slow_start: bool| -> Vec<u64> {
             let mut credit = RecvCredit::adaptive(
@@ -812,10 +817,11 @@ mod tests {
         };
         let ramp = moved_per_round(true);
         let rule_alone = moved_per_round(false);
+        let gain = crate::credit::slow_start::RAMP_GAIN as u64;
         for pair in ramp.windows(2).take(4) {
             assert!(
-                pair[1] >= 2 * pair[0] - packet,
-                "the ramp doubles each round: {ramp:?}"
+                pair[1] >= (gain * pair[0] - packet).min(64 * packet),
+                "the ramp grows {gain}-fold each round up to the cap: {ramp:?}"
             );
         }
         assert!(

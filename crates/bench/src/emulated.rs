@@ -102,6 +102,12 @@ pub struct EmulatedArgs {
         default_value = "iperf3,oxadb-aosp,oxadb-adaptive"
     )]
     pub(crate) small_clients: Vec<String>,
+    /// Where oxadb's pulls go: node (the private device node, so that the
+    /// figure is the transport's, as a push's) or tmpfs (a new file, compared
+    /// with the source; this VM's tmpfs page allocation is erratic). Google's
+    /// adb always pulls into tmpfs: it replaces its destination.
+    #[arg(long, default_value = "node", value_parser = ["node", "tmpfs"])]
+    pub(crate) pull_into: String,
     /// The daemon's --tls (off, on, required) [default: the daemon's own,
     /// TLS offered beyond loopback, which oxadb takes].
     #[arg(long)]
@@ -181,6 +187,15 @@ impl Client {
             ],
         }
     }
+}
+
+/// Where a transfer's bytes go.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Target {
+    /// The private character device node (1, 3).
+    Node,
+    /// A new file in tmpfs, compared with the source afterwards.
+    File,
 }
 
 /// One transfer's outcome.
@@ -407,9 +422,20 @@ impl Bench<'_> {
         Ok((elapsed, text, cpu))
     }
 
-    /// Runs one transfer command and checks its result; `push` decides the check.
-    fn transfer(&self, command: &mut Command, push: bool, what: &str) -> Result<Measured> {
-        if !push {
+    /// Where oxadb's pulls go: the private device node (the transport
+    /// alone, as pushes) unless `--pull-into tmpfs`.
+    fn oxadb_pull_target(&self) -> Target {
+        match self.args.pull_into.as_str() {
+            "tmpfs" => Target::File,
+            _ => Target::Node,
+        }
+    }
+
+    /// Runs one transfer command and checks its result, which went into
+    /// `into`: the device node must still be one (Google's adb replaces a
+    /// pull destination), a pulled file must equal the source.
+    fn transfer(&self, command: &mut Command, into: Target, what: &str) -> Result<Measured> {
+        if into == Target::File {
             let _ = std::fs::remove_file(&self.pulled);
         }
         let before = self.emu.snapshot();
@@ -424,8 +450,7 @@ impl Bench<'_> {
             "{what} reports {bytes} bytes, not {}",
             self.args.size
         );
-        if push {
-            // Google's adb replaces a pull destination; a push must leave the node.
+        if into == Target::Node {
             let kind = std::fs::symlink_metadata(&self.null_node)?.file_type();
             ensure!(kind.is_char_device(), "{what} replaced the device node");
         } else {
@@ -544,19 +569,22 @@ impl Bench<'_> {
             .env_remove("OXADB_NO_BURST")
             .args(["-s", &self.serial, "--credit", credit]);
         // Compression off: random data would only pay for it.
-        if push {
-            command
-                .args(["push", "-z", "none", "--stats"])
-                .arg(&self.source)
-                .arg(&self.null_node);
+        let into = if push {
+            Target::Node
         } else {
-            command
-                .args(["pull", "-z", "none", "--stats"])
-                .arg(&self.source)
-                .arg(&self.pulled);
-        }
+            self.oxadb_pull_target()
+        };
+        let destination = match into {
+            Target::Node => &self.null_node,
+            Target::File => &self.pulled,
+        };
+        command
+            .arg(if push { "push" } else { "pull" })
+            .args(["-z", "none", "--stats"])
+            .arg(&self.source)
+            .arg(destination);
         let what = format!("oxadb {credit} {}", if push { "push" } else { "pull" });
-        self.transfer(&mut command, push, &what)
+        self.transfer(&mut command, into, &what)
     }
 
     /// Connections the daemons took, and how many of them moved to TLS,
@@ -628,12 +656,13 @@ impl Bench<'_> {
             let pulled = self.pulled.to_str().context("non-UTF-8 path")?;
             let push = self.transfer(
                 &mut adb(&["-s", &self.serial, "push", source, null_node]),
-                true,
+                Target::Node,
                 "adb 29 push",
             )?;
             let pull = self.transfer(
+                // Never into the node: adb replaces what it pulls into.
                 &mut adb(&["-s", &self.serial, "pull", source, pulled]),
-                false,
+                Target::File,
                 "adb 29 pull",
             )?;
             Ok([push, pull])

@@ -49,9 +49,14 @@ pub(crate) fn print(args: &EmulatedArgs, oxadb: &Path, oxadbd: &Path, runs: &[Li
             .map_or("2 x BDP + 256 KiB".to_string(), |q| format!("{q} bytes")),
     );
     println!(
-        "Transfer: {} MiB of random data per run, {} run(s), interleaved (order rotated per run); compression off (-z none); pushes into a private character device node (1, 3), pulls into tmpfs, every pull compared with the source byte for byte",
+        "Transfer: {} MiB of random data per run, {} run(s), interleaved (order rotated per run); compression off (-z none); pushes into a private character device node (1, 3); oxadb's pulls {}; Google adb's pulls into tmpfs, compared with the source byte for byte",
         args.size >> 20,
-        args.runs
+        args.runs,
+        if args.pull_into == "tmpfs" {
+            "into tmpfs, compared with the source byte for byte"
+        } else {
+            "into the same device node (--pull-into tmpfs for files)"
+        }
     );
     println!(
         "MB/s are 10^6 bytes/s, as the tool reports them: iperf3's receiver, adb's and oxadb's `(N bytes in T s)`; wall MB/s is the size over the client process's whole life (start, connect, transfer). \"vs iperf3 + RTTs\" is the transfer's time over the time the same bytes take at iperf3's rate (same direction and buffers) plus the round trips before data flows (one for a push, two for a pull). Classic flow control's ceiling is one packet per round trip plus its serialization ({:.0} bytes per push packet, {:.0} per pull packet).",

@@ -119,7 +119,19 @@ impl TlsIdentity {
 }
 
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite;
+    // AES-128-GCM first, as adb's BoringSSL offers it on CPUs with AES
+    // instructions: ten rounds to AES-256's fourteen. Between oxadb and
+    // oxadbd rustls' default (AES-256 first) cost 0.5 CPU s/GiB to decrypt;
+    // see docs/benchmarks.md, "Long links with 1500-byte frames".
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![
+            cipher_suite::TLS13_AES_128_GCM_SHA256,
+            cipher_suite::TLS13_AES_256_GCM_SHA384,
+            cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+        ],
+        ..rustls::crypto::ring::default_provider()
+    })
 }
 
 /// Device role: decides whether a host's certificate is let in, from its

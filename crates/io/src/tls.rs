@@ -121,9 +121,8 @@ impl TlsIdentity {
 fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::ring::cipher_suite;
     // AES-128-GCM first, as adb's BoringSSL offers it on CPUs with AES
-    // instructions: ten rounds to AES-256's fourteen. Between oxadb and
-    // oxadbd rustls' default (AES-256 first) cost 0.5 CPU s/GiB to decrypt;
-    // see docs/benchmarks.md, "Long links with 1500-byte frames".
+    // instructions: ten rounds to AES-256's fourteen, for every byte a
+    // transfer moves (rustls' default puts AES-256 first).
     Arc::new(CryptoProvider {
         cipher_suites: vec![
             cipher_suite::TLS13_AES_128_GCM_SHA256,

@@ -321,6 +321,11 @@ mod tests {
             .await
             .unwrap()
             .into_inner();
+        // Ours prefer AES-128-GCM (tls.rs, `provider`).
+        assert_eq!(
+            session.negotiated_cipher_suite().map(|s| s.suite()),
+            Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
+        );
         let host = split(socket, rustls::Connection::Client(session));
         (device.await.unwrap(), host)
     }

@@ -43,7 +43,7 @@ pub struct PairOptions {
     /// The pairing service's instance name (the QR code's `S:`).
     pub name: String,
     /// Announced as `_adb-tls-pairing._tcp` while the window is open; `None`
-    /// with `--no-mdns`.
+    /// with `--no-mdns` (and always without the `mdns` feature).
     pub announce: Option<crate::mdns::DeviceInfo>,
 }
 
@@ -70,21 +70,10 @@ pub enum PairCommandError {
     },
 }
 
-/// The file beside the keys file listing the hosts that paired, in the
-/// keys file's format (seam for TLS: a key here came through pairing, not
-/// through `trust-key` or USB authorization).
-pub fn paired_hosts_path(keys: &Path) -> PathBuf {
-    let mut name = keys
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_else(|| "adb_keys".into());
-    name.push(".paired");
-    keys.with_file_name(name)
-}
-
 /// Announces `_adb-tls-pairing._tcp` for the open window (unless `device`
 /// is `None`: `--no-mdns`); the announcement ends when the guard is dropped.
 /// A failure is logged, not fatal: a host can still pair by address.
+#[cfg(feature = "mdns")]
 fn announce_window(
     device: Option<&crate::mdns::DeviceInfo>,
     bound: SocketAddr,
@@ -155,6 +144,7 @@ pub async fn run(options: PairOptions) -> Result<(), PairCommandError> {
         kind: PEER_DEVICE_GUID,
         data: options.guid.clone().into_bytes(),
     };
+    #[cfg(feature = "mdns")]
     let _announcement = announce_window(options.announce.as_ref(), bound);
     say(&format!("pairing code: {code}"));
     say(&format!("pairing address: {}", shown_address(bound)));
@@ -240,7 +230,7 @@ fn record_host(
         })
     };
     trust(&options.keys)?;
-    trust(&paired_hosts_path(&options.keys))?;
+    trust(&crate::tls::paired_hosts_path(&options.keys))?;
     tracing::info!(%peer, comment, keys = %options.keys.display(), "host paired");
     say(&format!(
         "paired with {comment} ({peer}): key added to {}",
@@ -264,14 +254,6 @@ fn parse_host_key(peer: SocketAddr, host: &PeerInfo) -> Result<(PublicKey, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paired_hosts_sits_beside_the_keys_file() {
-        assert_eq!(
-            paired_hosts_path(Path::new("/etc/oxadbd/adb_keys")),
-            Path::new("/etc/oxadbd/adb_keys.paired")
-        );
-    }
 
     #[test]
     fn codes_are_six_digits() {

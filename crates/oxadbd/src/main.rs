@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 use oxadbd::config::{
     self, Access, AccessFlags, DaemonConfig, FileConfig, Keyless, UsbConfig, UsbFlags,
 };
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
 /// unchanged (`adb connect 127.0.0.1:5555`).
@@ -385,6 +387,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// What is logged: RUST_LOG's `target=level` directives (e.g.
+/// `debug,oxadb_io=trace`), else `default` for everything. `Targets`, not
+/// `EnvFilter`: the same directives without span and field filters, and
+/// without the regular-expression engine those need, a fifth of a megabyte
+/// of a static board build (docs/benchmarks.md, "Static board builds: size
+/// and idle memory"). A RUST_LOG that does not parse is ignored, as before.
+fn log_filter(default: tracing::Level) -> tracing_subscriber::filter::Targets {
+    std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| tracing_subscriber::filter::Targets::new().with_default(default))
+}
+
 /// The error and its causes joined by ": ", each cause left out when the
 /// text before already says it (many errors quote their source).
 fn one_line(error: &anyhow::Error) -> String {
@@ -417,9 +433,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     oxadb_io::tune_allocator();
     let default_level = match args.verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
+        0 => tracing::Level::INFO,
+        1 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
     };
     // Colour only for a person at a terminal: a service manager's journal or
     // a log file gets plain text (and NO_COLOR is honoured, https://no-color.org).
@@ -428,10 +444,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(colour)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
+        .finish()
+        .with(log_filter(default_level))
         .init();
     #[cfg(feature = "pairing")]
     if let Some(Command::Pair(pair_args)) = subcommand {

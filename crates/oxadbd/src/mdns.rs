@@ -155,12 +155,21 @@ fn save(path: &Path, name: &str) -> std::io::Result<()> {
 }
 
 fn random_alphanumeric(len: usize) -> String {
-    use rand::Rng as _;
     const CHARS: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let mut rng = rand::rng();
-    (0..len)
-        .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
-        .collect()
+    let mut name = String::with_capacity(len);
+    while name.len() < len {
+        let mut bytes = [0u8; 32];
+        getrandom::getrandom(&mut bytes).expect("the OS random number generator works");
+        // 248 = 4 x 62: larger bytes are dropped, so every character is as likely.
+        name.extend(
+            bytes
+                .iter()
+                .filter(|&&b| b < 248)
+                .map(|&b| CHARS[usize::from(b) % CHARS.len()] as char)
+                .take(len - name.len()),
+        );
+    }
+    name
 }
 
 #[cfg(feature = "mdns")]

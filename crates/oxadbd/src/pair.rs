@@ -15,7 +15,6 @@ use std::time::Duration;
 use oxadb_auth::PublicKey;
 use oxadb_pairing::format::{PEER_DEVICE_GUID, PEER_RSA_PUB_KEY};
 use oxadb_pairing::{PairError, PeerInfo};
-use rand::{Rng as _, TryRngCore as _};
 use thiserror::Error;
 use tokio::net::TcpListener;
 
@@ -91,12 +90,18 @@ fn announce_window(
 
 /// Six digits from the OS RNG, leading zeroes kept.
 pub fn new_code() -> Result<String, PairCommandError> {
-    let mut probe = [0u8; 1];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut probe)
-        .map_err(|error| PairCommandError::Random(error.to_string()))?;
-    let code = rand::rngs::OsRng.unwrap_err().random_range(0..1_000_000u32);
-    Ok(format!("{code:06}"))
+    // 4294 whole runs of 10^6 fit in a u32: a draw above them is redrawn,
+    // so every code is as likely.
+    const LIMIT: u32 = 4294 * 1_000_000;
+    loop {
+        let mut bytes = [0u8; 4];
+        getrandom::getrandom(&mut bytes)
+            .map_err(|error| PairCommandError::Random(error.to_string()))?;
+        let draw = u32::from_le_bytes(bytes);
+        if draw < LIMIT {
+            return Ok(format!("{:06}", draw % 1_000_000));
+        }
+    }
 }
 
 /// The address a host should dial: the listening one, or for a wildcard

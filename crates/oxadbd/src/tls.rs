@@ -324,12 +324,12 @@ impl ClientKeyCheck for KeysFileCheck {
 /// of the key's DER SubjectPublicKeyInfo, so that adb presents the key the
 /// device knows.
 fn ca_hints(keys: &AuthorizedKeys) -> Vec<rustls::DistinguishedName> {
-    use sha2::Digest as _;
     use x509_cert::der::Encode as _;
     keys.keys()
         .iter()
         .filter_map(|(key, _)| {
-            let digest = sha2::Sha256::digest(key.to_spki_der());
+            let digest = ring::digest::digest(&ring::digest::SHA256, &key.to_spki_der());
+            let digest = digest.as_ref();
             let hex: String = digest.iter().map(|b| format!("{b:02X}")).collect();
             // RFC 4514 order: the last RDN is written first.
             let name: x509_cert::name::Name = format!("CN={hex},O=AdbKey-0").parse().ok()?;

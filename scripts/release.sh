@@ -130,7 +130,7 @@ for target in "${TARGETS[@]}"; do
             cp "${built}" "${out}"
             python3 "${REPO}/scripts/elf-static.py" "${out}" || die "${out} is not a static executable"
             size=$(stat -c %s "${out}")
-            SUMMARY+=("$(awk -v f="${out}" -v s="${size}" 'BEGIN { printf "%-56s %9d bytes  %5.2f MiB", f, s, s / 1048576 }')")
+            SUMMARY+=("$(awk -v f="${out}" -v s="${size}" 'BEGIN { printf "%-62s %9d bytes  %5.2f MiB", f, s, s / 1048576 }')")
         done
     done
 done

@@ -441,9 +441,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     // a log file gets plain text (and NO_COLOR is honoured, https://no-color.org).
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
+    // The formatter lets everything through (its own default stops at
+    // info); the Targets layer decides.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(colour)
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
         .finish()
         .with(log_filter(default_level))
         .init();

@@ -4,6 +4,7 @@
 #   ./scripts/release.sh                 # all three targets
 #   ./scripts/release.sh aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf
 #   PACKAGES=oxadbd ./scripts/release.sh armv7-unknown-linux-musleabihf
+#   VARIANTS="default minimal" ./scripts/release.sh aarch64-unknown-linux-musl
 #
 # Targets: x86_64-unknown-linux-musl, aarch64-unknown-linux-musl and
 # armv7-unknown-linux-musleabihf (hard float). Every binary is fully static
@@ -12,13 +13,24 @@
 # also cross-compiles the C in zstd-sys. Output: target/static/TARGET/NAME,
 # each printed with its stripped size.
 #
+# VARIANTS (default: "default") lists the oxadbd builds to make: `default`,
+# every feature (target/static/TARGET/oxadbd), and `minimal`, built with
+# `--no-default-features`: no TLS, pairing or mDNS, for boards with little
+# flash (target/static/TARGET/oxadbd-minimal; docs/architecture.md, "Cargo
+# features"). oxadb has one variant, built with `default`.
+#
 # On a fresh machine it installs what it needs: Zig from
 # PyPI (ziglang, pinned) and cargo-zigbuild from crates.io (pinned), both
 # into ~/.cache/oxadb-tools (OXADB_TOOLS), and the
-# Rust targets with `rustup target add`. Where rustup has no prebuilt
-# standard library for a target (armv7 musl on some mirrors), it adds the
-# `rust-src` component and builds std from source for that target
-# (`-Zbuild-std`, allowed on stable by RUSTC_BOOTSTRAP for this build only).
+# `rust-src` component: the standard library is built from source for every
+# target (`-Zbuild-std`, allowed on stable by RUSTC_BOOTSTRAP for this build
+# only; rustup has no prebuilt armv7 musl std on some mirrors anyway), with
+# the dist profile and std's `optimize_for_size`, and without its `backtrace`
+# feature: a stripped binary has no symbols to name frames with. Built so,
+# std's code in the daemon is 0.19 MiB smaller, the symbolizer (gimli,
+# addr2line) gone (docs/benchmarks.md, "Static board builds: size and idle
+# memory"). A panic still prints its message and location, and still
+# unwinds only its own task.
 
 set -euo pipefail
 
@@ -34,6 +46,21 @@ ZIGBUILD_VERSION="0.24.1"
 TOOLS="${OXADB_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/oxadb-tools}"
 DEFAULT_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf)
 read -r -a PACKAGES <<<"${PACKAGES:-oxadbd oxadb}"
+read -r -a ASKED_VARIANTS <<<"${VARIANTS:-default}"
+for variant in "${ASKED_VARIANTS[@]}"; do
+    case "${variant}" in
+        default | minimal) ;;
+        *) die "unknown variant '${variant}' in VARIANTS (default, minimal)" ;;
+    esac
+done
+# The minimal variant first: cargo leaves the last build in
+# target/TARGET/dist/, where package-deb.sh's cargo deb takes oxadbd from.
+VARIANTS=()
+for variant in minimal default; do
+    case " ${ASKED_VARIANTS[*]} " in
+        *" ${variant} "*) VARIANTS+=("${variant}") ;;
+    esac
+done
 
 if [ "$#" -gt 0 ]; then
     TARGETS=("$@")
@@ -72,41 +99,48 @@ if ! { [ -x "${ZIGBUILD}" ] && "${ZIGBUILD}" --version 2>/dev/null | grep -q " $
 fi
 export PATH="${TOOLS}/zig-bin:${TOOLS}/bin:${PATH}"
 
-PACKAGE_ARGS=()
-for package in "${PACKAGES[@]}"; do
-    PACKAGE_ARGS+=(-p "${package}")
-done
-
 mkdir -p target/static
 SUMMARY=()
+rustup component list --installed | grep -q '^rust-src' ||
+    rustup component add rust-src || die "rustup component add rust-src failed"
+BUILD_STD=(-Zbuild-std=std,panic_unwind -Zbuild-std-features=panic-unwind,optimize_for_size)
 for target in "${TARGETS[@]}"; do
-    echo "==> ${target}: ${PACKAGES[*]}"
-    BUILD_STD=()
-    if ! rustup target list --installed | grep -qx "${target}"; then
-        if ! added="$(rustup target add "${target}" 2>&1)"; then
-            echo "rustup has no standard library for ${target} ($(printf '%s\n' "${added}" | grep -m1 '^error' || true)): building it from source (rust-src)"
-            rustup component add rust-src || die "rustup component add rust-src failed"
-            BUILD_STD=(-Zbuild-std=std,panic_unwind)
-        fi
-    fi
     env_name="CARGO_TARGET_$(printf '%s' "${target}" | tr 'a-z-' 'A-Z_')_RUSTFLAGS"
-    if [ "${#BUILD_STD[@]}" -gt 0 ]; then
+    mkdir -p "target/static/${target}"
+    for variant in "${VARIANTS[@]}"; do
+        # The minimal variant is oxadbd's alone; its file says which it is.
+        if [ "${variant}" = minimal ]; then
+            case " ${PACKAGES[*]} " in
+                *" oxadbd "*) ;;
+                *) continue ;;
+            esac
+            variant_packages=(oxadbd)
+            FEATURE_ARGS=(--no-default-features)
+            suffix="-minimal"
+        else
+            variant_packages=("${PACKAGES[@]}")
+            FEATURE_ARGS=()
+            suffix=""
+        fi
+        PACKAGE_ARGS=()
+        for package in "${variant_packages[@]}"; do
+            PACKAGE_ARGS+=(-p "${package}")
+        done
+        echo "==> ${target} (${variant}): ${variant_packages[*]}"
         # Without a prebuilt std there are no self-contained musl start files
         # either: Zig links its own musl and crt objects.
         env "${env_name}=-C link-self-contained=no" RUSTC_BOOTSTRAP=1 \
-            cargo zigbuild "${BUILD_STD[@]}" --profile dist --target "${target}" "${PACKAGE_ARGS[@]}"
-    else
-        cargo zigbuild --profile dist --target "${target}" "${PACKAGE_ARGS[@]}"
-    fi
-    mkdir -p "target/static/${target}"
-    for package in "${PACKAGES[@]}"; do
-        built="target/${target}/dist/${package}"
-        [ -x "${built}" ] || die "${built} was not built"
-        out="target/static/${target}/${package}"
-        cp "${built}" "${out}"
-        python3 "${REPO}/scripts/elf-static.py" "${out}" || die "${out} is not a static executable"
-        size=$(stat -c %s "${out}")
-        SUMMARY+=("$(awk -v f="${out}" -v s="${size}" 'BEGIN { printf "%-56s %9d bytes  %5.2f MiB", f, s, s / 1048576 }')")
+            cargo zigbuild "${BUILD_STD[@]}" --profile dist --target "${target}" \
+            "${FEATURE_ARGS[@]}" "${PACKAGE_ARGS[@]}"
+        for package in "${variant_packages[@]}"; do
+            built="target/${target}/dist/${package}"
+            [ -x "${built}" ] || die "${built} was not built"
+            out="target/static/${target}/${package}${suffix}"
+            cp "${built}" "${out}"
+            python3 "${REPO}/scripts/elf-static.py" "${out}" || die "${out} is not a static executable"
+            size=$(stat -c %s "${out}")
+            SUMMARY+=("$(awk -v f="${out}" -v s="${size}" 'BEGIN { printf "%-62s %9d bytes  %5.2f MiB", f, s, s / 1048576 }')")
+        done
     done
 done
 

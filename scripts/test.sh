@@ -14,7 +14,8 @@
 #   7. runs clippy with warnings denied,
 #   8. runs the Rust tests,
 #   9. builds the static board binaries (aarch64: oxadbd and oxadb, armv7:
-#      oxadbd) with scripts/release.sh (pinned Zig from PyPI and
+#      oxadbd; for both, the minimal oxadbd without TLS, pairing and mDNS)
+#      with scripts/release.sh (pinned Zig from PyPI and
 #      cargo-zigbuild into ~/.cache/oxadb-tools) and the amd64 and arm64 Debian packages with
 #      scripts/package-deb.sh (pinned cargo-deb), installing Debian's
 #      qemu-user-static (and systemd, for systemd-analyze) if missing,
@@ -169,9 +170,11 @@ for tool in qemu-aarch64-static qemu-arm-static systemd-analyze dpkg-deb; do
     command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is still missing (test_static_qemu.py and test_deb.py need it)"
 done
 # What the interop suite runs under qemu (test_static_qemu.py): both daemons,
-# and the aarch64 host CLI; the amd64 package wraps the x86_64 daemon.
-scripts/release.sh aarch64-unknown-linux-musl || die "the static aarch64 build failed"
-PACKAGES=oxadbd scripts/release.sh armv7-unknown-linux-musleabihf || die "the static armv7 build failed"
+# and the aarch64 host CLI; the amd64 package wraps the x86_64 daemon. The
+# minimal daemons are for test_static_size.py's limits (and one run under
+# qemu); each adds one link of oxadbd to the phase.
+VARIANTS="default minimal" scripts/release.sh aarch64-unknown-linux-musl || die "the static aarch64 build failed"
+VARIANTS="default minimal" PACKAGES=oxadbd scripts/release.sh armv7-unknown-linux-musleabihf || die "the static armv7 build failed"
 scripts/package-deb.sh arm64 || die "building the arm64 package failed"
 # The amd64 package needs only the x86_64 daemon (test_deb.py builds its
 # second revision with the same PACKAGES).

@@ -202,6 +202,7 @@ impl Connection {
                 let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
                 (connection, Box::pin(run))
             }
+            #[cfg(feature = "tls")]
             TcpTransport::Tls { socket, session } => {
                 socket.set_nodelay(true)?;
                 let (reader, sink) = crate::tls_stream::split(socket, *session);

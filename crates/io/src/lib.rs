@@ -17,7 +17,8 @@
 //! - [`tls`]: STLS's TLS 1.3 on TCP, both roles ([`tls::negotiate`],
 //!   certificates, the checks of the peer's certificate), and `tls_stream`:
 //!   records over the socket after the handshake, read in large chunks and
-//!   written with the same refill as plaintext;
+//!   written with the same refill as plaintext (feature `tls`, on by
+//!   default; without it `tls::negotiate` serves plaintext only);
 //! - [`peer`]: dead-peer detection on TCP sockets ([`watch_peer`]);
 //! - [`process`]: per-process settings (allocator, memory budget) and the
 //!   values both command lines parse.
@@ -37,6 +38,7 @@ pub mod sink;
 pub mod stream;
 mod tcp_sink;
 pub mod tls;
+#[cfg(feature = "tls")]
 mod tls_stream;
 
 pub use auth::{Auth, AuthResponder, Authenticator};

@@ -9,15 +9,25 @@
 //! side (AOSP crypto/x509_generator.cpp): adbd checks the host's key against
 //! its `adb_keys` (daemon/auth.cpp `adbd_tls_verify_cert`), and adb accepts
 //! any device certificate, trust in the device coming from pairing.
+//!
+//! Without the `tls` feature only [`negotiate`] is left, for plaintext: a
+//! side with no TLS never sends STLS, and a peer's STLS ends the connection.
 
+#[cfg(feature = "tls")]
 use std::fmt;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 
 use oxadb_wire::{Header, HEADER_LEN};
+#[cfg(feature = "tls")]
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+#[cfg(feature = "tls")]
 use rustls::crypto::CryptoProvider;
+#[cfg(feature = "tls")]
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+#[cfg(feature = "tls")]
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+#[cfg(feature = "tls")]
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
     ServerConfig, SignatureScheme,
@@ -27,12 +37,14 @@ use tokio::net::TcpStream;
 
 use crate::ConnectionError;
 
+#[cfg(feature = "tls")]
 /// A certificate and its private key: one side's TLS identity.
 pub struct TlsIdentity {
     pub cert: CertificateDer<'static>,
     key: PrivatePkcs8KeyDer<'static>,
 }
 
+#[cfg(feature = "tls")]
 impl Clone for TlsIdentity {
     fn clone(&self) -> TlsIdentity {
         TlsIdentity {
@@ -42,6 +54,7 @@ impl Clone for TlsIdentity {
     }
 }
 
+#[cfg(feature = "tls")]
 impl fmt::Debug for TlsIdentity {
     // Never prints the key.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -51,6 +64,7 @@ impl fmt::Debug for TlsIdentity {
     }
 }
 
+#[cfg(feature = "tls")]
 /// Why a TLS identity or configuration could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -60,6 +74,7 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
 }
 
+#[cfg(feature = "tls")]
 impl TlsIdentity {
     /// A self-signed certificate for an RSA key (PKCS#8 DER), made the way
     /// AOSP crypto/x509_generator.cpp makes adb's: subject C=US, O=Android,
@@ -118,6 +133,7 @@ impl TlsIdentity {
     }
 }
 
+#[cfg(feature = "tls")]
 fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::ring::cipher_suite;
     // AES-128-GCM first, as adb's BoringSSL offers it on CPUs with AES
@@ -133,6 +149,7 @@ fn provider() -> Arc<CryptoProvider> {
     })
 }
 
+#[cfg(feature = "tls")]
 /// Device role: decides whether a host's certificate is let in, from its
 /// SubjectPublicKeyInfo (DER). `Err` says why not, for the daemon's log.
 pub trait ClientKeyCheck: Send + Sync {
@@ -144,6 +161,7 @@ pub trait ClientKeyCheck: Send + Sync {
     }
 }
 
+#[cfg(feature = "tls")]
 /// Host role: decides whether to go on with a device's certificate (DER).
 /// adb accepts any (trust in the device comes from pairing); a pairing step
 /// that records the device's certificate can pin it here.
@@ -151,33 +169,40 @@ pub trait DeviceCertCheck: Send + Sync {
     fn check(&self, cert_der: &[u8]) -> Result<(), String>;
 }
 
+#[cfg(feature = "tls")]
 /// Accepts every device certificate, as adb does.
 pub struct AnyDevice;
 
+#[cfg(feature = "tls")]
 impl DeviceCertCheck for AnyDevice {
     fn check(&self, _cert_der: &[u8]) -> Result<(), String> {
         Ok(())
     }
 }
 
+#[cfg(feature = "tls")]
 /// The error rustls reports for a refused certificate, with our reason.
 #[derive(Debug)]
 struct Refused(String);
 
+#[cfg(feature = "tls")]
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
+#[cfg(feature = "tls")]
 impl std::error::Error for Refused {}
 
+#[cfg(feature = "tls")]
 fn refused(reason: String) -> rustls::Error {
     rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(Refused(
         reason,
     )))))
 }
 
+#[cfg(feature = "tls")]
 /// The SubjectPublicKeyInfo (DER) of a certificate (DER).
 pub fn certificate_spki(cert_der: &[u8]) -> Result<Vec<u8>, String> {
     use x509_cert::der::{Decode, Encode};
@@ -189,6 +214,7 @@ pub fn certificate_spki(cert_der: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|error| format!("certificate's public key: {error}"))
 }
 
+#[cfg(feature = "tls")]
 struct ClientVerifier {
     /// `None`: any certificate (the host needs no key, as adbd without
     /// auth_required); the handshake still proves it holds the key.
@@ -197,6 +223,7 @@ struct ClientVerifier {
     provider: Arc<CryptoProvider>,
 }
 
+#[cfg(feature = "tls")]
 impl fmt::Debug for ClientVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientVerifier")
@@ -205,6 +232,7 @@ impl fmt::Debug for ClientVerifier {
     }
 }
 
+#[cfg(feature = "tls")]
 impl ClientCertVerifier for ClientVerifier {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         &self.hints
@@ -257,17 +285,20 @@ impl ClientCertVerifier for ClientVerifier {
     }
 }
 
+#[cfg(feature = "tls")]
 struct ServerVerifier {
     check: Arc<dyn DeviceCertCheck>,
     provider: Arc<CryptoProvider>,
 }
 
+#[cfg(feature = "tls")]
 impl fmt::Debug for ServerVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ServerVerifier")
     }
 }
 
+#[cfg(feature = "tls")]
 impl ServerCertVerifier for ServerVerifier {
     fn verify_server_cert(
         &self,
@@ -313,6 +344,7 @@ impl ServerCertVerifier for ServerVerifier {
     }
 }
 
+#[cfg(feature = "tls")]
 /// Device role: a TLS 1.3 server configuration presenting `identity` and
 /// asking every host for its certificate, checked by `check` (`None`: any).
 pub fn server_config(
@@ -336,6 +368,7 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+#[cfg(feature = "tls")]
 /// Host role: a TLS 1.3 client configuration presenting `identity` (made
 /// from the adb key the device trusts) and checking the device's
 /// certificate with `device`.
@@ -361,6 +394,7 @@ pub fn client_config(
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// Which TLS side a TCP connection plays if the engine moves to TLS.
+#[cfg(feature = "tls")]
 #[derive(Clone)]
 pub enum TlsSide {
     /// Device role: the server configuration for this host.
@@ -369,10 +403,16 @@ pub enum TlsSide {
     Host(Arc<ClientConfig>),
 }
 
+/// Without TLS there is no side to play: [`negotiate`] takes `None`.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone)]
+pub enum TlsSide {}
+
 /// A TCP socket after [`negotiate`]: plaintext, or TLS from here on (the
 /// socket and the rustls connection whose handshake completed on it).
 pub enum TcpTransport {
     Plain(TcpStream),
+    #[cfg(feature = "tls")]
     Tls {
         socket: TcpStream,
         session: Box<rustls::Connection>,
@@ -381,7 +421,10 @@ pub enum TcpTransport {
 
 impl TcpTransport {
     pub fn is_tls(&self) -> bool {
-        matches!(self, TcpTransport::Tls { .. })
+        #[cfg(feature = "tls")]
+        return matches!(self, TcpTransport::Tls { .. });
+        #[cfg(not(feature = "tls"))]
+        false
     }
 }
 
@@ -493,6 +536,7 @@ async fn negotiate_host(
 }
 
 /// Runs the TLS handshake once STLS was exchanged.
+#[cfg(feature = "tls")]
 async fn start_tls(
     stream: TcpStream,
     engine: &mut oxadb_engine::Connection,
@@ -531,6 +575,22 @@ async fn start_tls(
     })
 }
 
+/// Without TLS a side never sends STLS ([`TlsSide`] has no value), so a
+/// peer's STLS is a protocol error.
+#[cfg(not(feature = "tls"))]
+async fn start_tls(
+    _stream: TcpStream,
+    _engine: &mut oxadb_engine::Connection,
+    tls: Option<&TlsSide>,
+) -> Result<TcpTransport, ConnectionError> {
+    match tls {
+        Some(side) => match *side {},
+        None => Err(ConnectionError::Tls(
+            "STLS exchanged but this side has no TLS configuration".into(),
+        )),
+    }
+}
+
 async fn read_exact(
     stream: &mut TcpStream,
     buf: &mut [u8],
@@ -547,6 +607,7 @@ async fn read_exact(
     Ok(())
 }
 
+#[cfg(feature = "tls")]
 /// A TLS error in words: our own reason for refusing a certificate as it
 /// was given, rustls' text otherwise.
 fn describe(error: &std::io::Error) -> String {
@@ -562,6 +623,7 @@ fn describe(error: &std::io::Error) -> String {
     }
 }
 
+#[cfg(feature = "tls")]
 pub(crate) fn alert_text(alert: rustls::AlertDescription) -> String {
     format!(
         "the peer ended TLS with alert {alert:?} (a device does when our certificate's \

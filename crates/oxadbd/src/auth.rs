@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use oxadb_auth::{AuthorizedKeys, KeyError, PublicKey, TOKEN_SIZE};
 use oxadb_io::Authenticator;
-use rand::Rng as _;
 use thiserror::Error;
 
 /// Where `--keys` points by default (adbd reads `/adb_keys` and
@@ -196,9 +195,9 @@ impl KeyAuthenticator {
 
 impl Authenticator for KeyAuthenticator {
     fn token(&self) -> Bytes {
-        // ThreadRng is a CSPRNG seeded from the OS; a token is never reused.
+        // From the OS's CSPRNG; a token is never reused.
         let mut token = [0u8; TOKEN_SIZE];
-        rand::rng().fill(&mut token);
+        getrandom::getrandom(&mut token).expect("the OS random number generator works");
         Bytes::copy_from_slice(&token)
     }
 

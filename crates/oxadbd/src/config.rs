@@ -60,6 +60,30 @@ pub enum ConfigError {
         mode: String,
         why: &'static str,
     },
+    /// A flag or key of a cargo feature this build left out: never ignored,
+    /// since the daemon would then do less than its operator asked.
+    #[error("{setting}: this oxadbd was built without {what} (cargo feature `{feature}`)")]
+    MissingFeature {
+        setting: String,
+        what: &'static str,
+        feature: &'static str,
+    },
+}
+
+impl ConfigError {
+    /// `setting` (a flag, or a key and its file) asks for what a cargo
+    /// feature left out of this build brings.
+    pub fn missing_feature(
+        setting: impl Into<String>,
+        what: &'static str,
+        feature: &'static str,
+    ) -> ConfigError {
+        ConfigError::MissingFeature {
+            setting: setting.into(),
+            what,
+            feature,
+        }
+    }
 }
 
 /// The `[daemon]`-less flat TOML file; every key is optional.
@@ -144,6 +168,27 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
+    /// Whether to announce over mDNS: unless `--no-mdns` or `mdns = false`.
+    /// A build without the `mdns` feature announces nothing, and refuses
+    /// `mdns = true`, which asks for it.
+    pub fn announces_mdns(&self, no_mdns_flag: bool) -> Result<bool, ConfigError> {
+        if !cfg!(feature = "mdns") {
+            if self.mdns == Some(true) {
+                let path = self
+                    .path
+                    .as_deref()
+                    .unwrap_or(Path::new(DEFAULT_CONFIG_PATH));
+                return Err(ConfigError::missing_feature(
+                    format!("`mdns = true` in {}", path.display()),
+                    "mDNS",
+                    "mdns",
+                ));
+            }
+            return Ok(false);
+        }
+        Ok(!no_mdns_flag && self.mdns != Some(false))
+    }
+
     /// The `credit` key, or `classic` for `delayed-ack = false`.
     pub fn credit_mode(&self) -> Result<Option<CreditMode>, ConfigError> {
         if let Some(text) = &self.credit {
@@ -512,6 +557,30 @@ impl Access {
             })?),
             (None, None) => None,
         };
+        if !cfg!(feature = "tls") {
+            // `off` is what this build does anyway; anything else asks for TLS.
+            let wants = |mode: Option<crate::tls::TlsMode>| {
+                mode.filter(|&mode| mode != crate::tls::TlsMode::Off)
+            };
+            let setting = if let Some(mode) = wants(flags.tls) {
+                Some(format!("--tls {mode}"))
+            } else if let Some(mode) = wants(tls_mode) {
+                Some(format!("`tls = \"{mode}\"` in {}", file_path()))
+            } else if flags.tls_key.is_some() {
+                Some("--tls-key".to_string())
+            } else if flags.tls_cert.is_some() {
+                Some("--tls-cert".to_string())
+            } else if file.tls_key.is_some() {
+                Some(format!("`tls-key` in {}", file_path()))
+            } else if file.tls_cert.is_some() {
+                Some(format!("`tls-cert` in {}", file_path()))
+            } else {
+                None
+            };
+            if let Some(setting) = setting {
+                return Err(ConfigError::missing_feature(setting, "TLS", "tls"));
+            }
+        }
         let tls = crate::tls::TlsSettings::resolve(
             tls_mode,
             flags.tls_key.clone().or_else(|| file.tls_key.clone()),
@@ -1393,6 +1462,7 @@ mod tls_tests {
     use crate::tls::TlsMode;
 
     #[test]
+    #[cfg(feature = "tls")]
     fn tls_comes_from_the_flag_or_the_file_and_files_sit_beside_the_keys() {
         let listen = parse_listen("127.0.0.1:1").unwrap();
         let file: FileConfig =
@@ -1414,5 +1484,63 @@ mod tls_tests {
         assert!(error.to_string().contains("tls"), "{error}");
         let none = Access::resolve(listen, &AccessFlags::default(), &FileConfig::default());
         assert_eq!(none.unwrap().tls.mode, None);
+    }
+
+    #[test]
+    #[cfg(not(feature = "tls"))]
+    fn without_tls_asking_for_it_names_the_feature() {
+        let listen = parse_listen("127.0.0.1:1").unwrap();
+        let refused = |flags: &AccessFlags, file: &FileConfig| {
+            Access::resolve(listen, flags, file)
+                .unwrap_err()
+                .to_string()
+        };
+        let on = AccessFlags {
+            tls: Some(TlsMode::On),
+            ..AccessFlags::default()
+        };
+        assert_eq!(
+            refused(&on, &FileConfig::default()),
+            "--tls on: this oxadbd was built without TLS (cargo feature `tls`)"
+        );
+        let mut file: FileConfig = toml::from_str("tls = \"required\"\n").unwrap();
+        file.path = Some("/etc/o.toml".into());
+        assert_eq!(
+            refused(&AccessFlags::default(), &file),
+            "`tls = \"required\"` in /etc/o.toml: this oxadbd was built without TLS \
+             (cargo feature `tls`)"
+        );
+        let key = AccessFlags {
+            tls_key: Some("/k.pem".into()),
+            ..AccessFlags::default()
+        };
+        assert!(refused(&key, &FileConfig::default()).starts_with("--tls-key: "));
+        let cert: FileConfig = toml::from_str("tls-cert = \"/c.pem\"\n").unwrap();
+        assert!(refused(&AccessFlags::default(), &cert).contains("`tls-cert` in"));
+        // What asks for no TLS stays valid, and every host gets plaintext.
+        let off = AccessFlags {
+            tls: Some(TlsMode::Off),
+            ..AccessFlags::default()
+        };
+        assert!(Access::resolve(listen, &off, &FileConfig::default()).is_ok());
+        let access = Access::resolve(listen, &AccessFlags::default(), &FileConfig::default());
+        assert_eq!(
+            access.unwrap().tls.for_peer(false).0,
+            oxadb_engine::Tls::Off
+        );
+    }
+
+    #[test]
+    #[cfg(not(feature = "mdns"))]
+    fn without_mdns_asking_for_it_names_the_feature() {
+        let on: FileConfig = toml::from_str("mdns = true\n").unwrap();
+        let error = on.announces_mdns(false).unwrap_err().to_string();
+        assert!(
+            error.ends_with("this oxadbd was built without mDNS (cargo feature `mdns`)"),
+            "{error}"
+        );
+        let off: FileConfig = toml::from_str("mdns = false\n").unwrap();
+        assert!(!off.announces_mdns(true).unwrap());
+        assert!(!FileConfig::default().announces_mdns(false).unwrap());
     }
 }

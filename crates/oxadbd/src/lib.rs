@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod config;
 pub mod mdns;
+#[cfg(feature = "pairing")]
 pub mod pair;
 pub mod peer_owner;
 pub mod server;

@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 use oxadbd::config::{
     self, Access, AccessFlags, DaemonConfig, FileConfig, Keyless, UsbConfig, UsbFlags,
 };
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// A Linux ADB daemon: Google's adb, Android Studio and other ADB clients use it
 /// unchanged (`adb connect 127.0.0.1:5555`).
@@ -211,11 +213,20 @@ enum Command {
     /// debugging): prints a random six-digit code, the address and the QR
     /// text; the first host that proves the code gets its key added to the
     /// keys file. Exits 0 after one pairing, non-zero when the window closes.
+    #[cfg(feature = "pairing")]
     Pair(PairArgs),
+    /// Not in this build: oxadbd was built without pairing (cargo feature
+    /// `pairing`).
+    #[cfg(not(feature = "pairing"))]
+    Pair {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// The state directory the daemon uses: the one given, else the default
 /// when it exists.
+#[cfg(any(feature = "pairing", feature = "mdns"))]
 fn resolve_state_dir(explicit: Option<&PathBuf>) -> Option<PathBuf> {
     explicit.cloned().or_else(|| {
         let dir = PathBuf::from(config::DEFAULT_STATE_DIR);
@@ -226,6 +237,7 @@ fn resolve_state_dir(explicit: Option<&PathBuf>) -> Option<PathBuf> {
 /// What mDNS and pairing say about this device (its instance name, kept in
 /// the state directory, doubles as the pairing GUID, as adbd's
 /// `persist.adb.wifi.guid` does), from the config file as the daemon reads it.
+#[cfg(feature = "pairing")]
 fn device_info(file: &FileConfig, state_dir: Option<PathBuf>) -> oxadbd::mdns::DeviceInfo {
     let state_dir = resolve_state_dir(state_dir.or(file.state_dir.clone()).as_ref());
     let device = config::DeviceSettings::resolve(None, false, file);
@@ -256,6 +268,7 @@ fn device_info(file: &FileConfig, state_dir: Option<PathBuf>) -> oxadbd::mdns::D
     oxadbd::mdns::DeviceInfo::from_properties(&props, state_dir.as_deref())
 }
 
+#[cfg(feature = "pairing")]
 #[derive(Debug, clap::Args)]
 struct PairArgs {
     /// Where the pairing service listens [default: 0.0.0.0:0, every
@@ -294,6 +307,7 @@ struct PairArgs {
     name: Option<String>,
 }
 
+#[cfg(feature = "pairing")]
 fn pair(args: PairArgs) -> anyhow::Result<()> {
     let file = FileConfig::load(args.config.as_deref())?;
     let keys = args
@@ -302,7 +316,7 @@ fn pair(args: PairArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| PathBuf::from(oxadbd::auth::DEFAULT_KEYS_PATH));
     let info = device_info(&file, args.state_dir);
     let guid = args.guid.unwrap_or_else(|| info.instance.clone());
-    let announce = (!args.no_mdns && file.mdns.unwrap_or(true)).then_some(info);
+    let announce = file.announces_mdns(args.no_mdns)?.then_some(info);
     let failure_delay = args
         .failure_delay
         .map(std::time::Duration::try_from_secs_f64)
@@ -373,6 +387,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// What is logged: RUST_LOG's `target=level` directives (e.g.
+/// `debug,oxadb_io=trace`), else `default` for everything. `Targets`, not
+/// `EnvFilter`: the same directives without span and field filters, and
+/// without the regular-expression engine those need, a fifth of a megabyte
+/// of a static board build (docs/benchmarks.md, "Static board builds: size
+/// and idle memory"). A RUST_LOG that does not parse is ignored, as before.
+fn log_filter(default: tracing::Level) -> tracing_subscriber::filter::Targets {
+    std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| tracing_subscriber::filter::Targets::new().with_default(default))
+}
+
 /// The error and its causes joined by ": ", each cause left out when the
 /// text before already says it (many errors quote their source).
 fn one_line(error: &anyhow::Error) -> String {
@@ -405,24 +433,32 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     oxadb_io::tune_allocator();
     let default_level = match args.verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
+        0 => tracing::Level::INFO,
+        1 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
     };
     // Colour only for a person at a terminal: a service manager's journal or
     // a log file gets plain text (and NO_COLOR is honoured, https://no-color.org).
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
+    // The formatter lets everything through (its own default stops at
+    // info); the Targets layer decides.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(colour)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
+        .finish()
+        .with(log_filter(default_level))
         .init();
+    #[cfg(feature = "pairing")]
     if let Some(Command::Pair(pair_args)) = subcommand {
         return pair(pair_args);
+    }
+    #[cfg(not(feature = "pairing"))]
+    if let Some(Command::Pair { .. }) = subcommand {
+        anyhow::bail!(
+            "oxadbd pair: this oxadbd was built without pairing (cargo feature `pairing`)"
+        );
     }
 
     let file = FileConfig::load(args.config.as_deref())?;
@@ -436,7 +472,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or(oxadbd::stop::DEFAULT_GRACE_SECS),
     );
     let state_dir = args.state_dir.or(file.state_dir.clone());
-    let mdns = !args.no_mdns && file.mdns != Some(false);
+    let mdns = file.announces_mdns(args.no_mdns)?;
+    #[cfg(feature = "mdns")]
     let mdns_state_dir = resolve_state_dir(state_dir.as_ref());
     let usb = UsbConfig::resolve(
         &UsbFlags {
@@ -650,9 +687,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
         tokio::spawn(oxadb_io::trim_when_idle(std::time::Duration::from_secs(1)));
         let daemon = oxadbd::server::Daemon::new(config);
+        #[cfg(feature = "mdns")]
         if mdns {
             daemon.announce_mdns(mdns_state_dir.as_deref());
         }
+        #[cfg(not(feature = "mdns"))]
+        let _ = mdns;
         // Without a listener, a USB host may still ask for one (`adb tcpip`).
         let tcp = async {
             oxadbd::server::serve_tcp_switchable(listener, daemon.clone())
@@ -683,6 +723,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             _ = terminate.recv() => "SIGTERM",
         };
         // Browsers forget the device now rather than when the records expire.
+        #[cfg(feature = "mdns")]
         daemon.withdraw_mdns();
         // The listeners are closed (their futures dropped above): a restarted
         // daemon can bind at once. SIGINT is someone at a terminal: no grace.

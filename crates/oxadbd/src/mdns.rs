@@ -13,13 +13,21 @@
 //!
 //! Announcing is done by `mdns-sd`'s responder: one thread per process,
 //! started at the first announcement, answering queries on port 5353.
+//! Without the `mdns` feature only the names are left ([`DeviceInfo`], the
+//! instance name that pairing sends as the device's GUID, and [`Where`]).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+#[cfg(feature = "mdns")]
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+#[cfg(feature = "mdns")]
 use std::sync::{Mutex, OnceLock};
+#[cfg(feature = "mdns")]
 use std::time::Duration;
 
+#[cfg(feature = "mdns")]
 use mdns_sd::{IfKind, IfPredicate, ServiceDaemon, ServiceInfo, UnregisterStatus};
+#[cfg(feature = "mdns")]
 use thiserror::Error;
 
 use crate::services::props::Properties;
@@ -35,9 +43,11 @@ pub const SERVICE_VERSION: &str = "1";
 /// Where the instance name is kept, in the state directory.
 pub const INSTANCE_FILE: &str = "mdns-instance";
 
+#[cfg(feature = "mdns")]
 /// How long a withdrawal waits for the responder to send its goodbye.
 const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 
+#[cfg(feature = "mdns")]
 #[derive(Debug, Error)]
 pub enum MdnsError {
     #[error("starting the mDNS responder: {0}")]
@@ -83,6 +93,7 @@ impl DeviceInfo {
         }
     }
 
+    #[cfg(feature = "mdns")]
     fn txt(&self) -> Vec<(&'static str, String)> {
         // adbd leaves out a record longer than a TXT string may be (255).
         [
@@ -144,14 +155,24 @@ fn save(path: &Path, name: &str) -> std::io::Result<()> {
 }
 
 fn random_alphanumeric(len: usize) -> String {
-    use rand::Rng as _;
     const CHARS: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let mut rng = rand::rng();
-    (0..len)
-        .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
-        .collect()
+    let mut name = String::with_capacity(len);
+    while name.len() < len {
+        let mut bytes = [0u8; 32];
+        getrandom::getrandom(&mut bytes).expect("the OS random number generator works");
+        // 248 = 4 x 62: larger bytes are dropped, so every character is as likely.
+        name.extend(
+            bytes
+                .iter()
+                .filter(|&&b| b < 248)
+                .map(|&b| CHARS[usize::from(b) % CHARS.len()] as char)
+                .take(len - name.len()),
+        );
+    }
+    name
 }
 
+#[cfg(feature = "mdns")]
 /// The process's responder, started at the first announcement.
 fn responder() -> Result<&'static ServiceDaemon, MdnsError> {
     static RESPONDER: OnceLock<Result<ServiceDaemon, String>> = OnceLock::new();
@@ -204,12 +225,14 @@ impl Where {
     }
 }
 
+#[cfg(feature = "mdns")]
 /// One announced service; withdrawn (a goodbye packet, TTL 0) when dropped.
 pub struct Announcement {
     daemon: &'static ServiceDaemon,
     fullname: String,
 }
 
+#[cfg(feature = "mdns")]
 impl Announcement {
     /// `INSTANCE._service._tcp.local.`
     pub fn fullname(&self) -> &str {
@@ -217,6 +240,7 @@ impl Announcement {
     }
 }
 
+#[cfg(feature = "mdns")]
 impl Drop for Announcement {
     fn drop(&mut self) {
         match self.daemon.unregister(&self.fullname) {
@@ -238,6 +262,7 @@ impl Drop for Announcement {
     }
 }
 
+#[cfg(feature = "mdns")]
 /// Announces `service` for `device` on `port` at `place`; `None` for
 /// [`Where::Nowhere`].
 pub fn announce(
@@ -286,6 +311,7 @@ pub fn announce(
     Ok(Some(Announcement { daemon, fullname }))
 }
 
+#[cfg(feature = "mdns")]
 /// The seam for pairing: announces `_adb-tls-pairing._tcp` for `port` (the
 /// pairing server's, on `place`) while the guard lives, i.e. while the
 /// pairing window is open, and withdraws it when the guard is dropped.
@@ -300,6 +326,7 @@ pub fn announce_pairing(
     announce(SERVICE_TLS_PAIRING, device, port, place)
 }
 
+#[cfg(feature = "mdns")]
 /// The daemon's TCP listener announced (`_adb._tcp` and
 /// `_adb-tls-connect._tcp`, as adbd with wireless debugging on), following
 /// it when a host moves it (`tcpip:PORT`) or closes it (`usb:`).
@@ -310,6 +337,7 @@ pub struct ConnectAnnouncer {
     current: Mutex<Vec<Announcement>>,
 }
 
+#[cfg(feature = "mdns")]
 impl ConnectAnnouncer {
     pub fn new(device: DeviceInfo, tls_offered: bool) -> ConnectAnnouncer {
         ConnectAnnouncer {
@@ -352,6 +380,7 @@ impl ConnectAnnouncer {
     }
 }
 
+#[cfg(feature = "mdns")]
 /// `<host name>.local.`, as mdnsd names the device's address records.
 fn host_name() -> String {
     let uname = rustix::system::uname();
@@ -414,6 +443,7 @@ mod tests {
         assert_eq!(bare.len(), 4 + 16 + 1 + 6, "{bare}");
     }
 
+    #[cfg(feature = "mdns")]
     #[test]
     fn txt_records_are_adbds() {
         let mut props = Properties::default();

@@ -15,7 +15,6 @@ use std::time::Duration;
 use oxadb_auth::PublicKey;
 use oxadb_pairing::format::{PEER_DEVICE_GUID, PEER_RSA_PUB_KEY};
 use oxadb_pairing::{PairError, PeerInfo};
-use rand::{Rng as _, TryRngCore as _};
 use thiserror::Error;
 use tokio::net::TcpListener;
 
@@ -43,7 +42,7 @@ pub struct PairOptions {
     /// The pairing service's instance name (the QR code's `S:`).
     pub name: String,
     /// Announced as `_adb-tls-pairing._tcp` while the window is open; `None`
-    /// with `--no-mdns`.
+    /// with `--no-mdns` (and always without the `mdns` feature).
     pub announce: Option<crate::mdns::DeviceInfo>,
 }
 
@@ -70,21 +69,10 @@ pub enum PairCommandError {
     },
 }
 
-/// The file beside the keys file listing the hosts that paired, in the
-/// keys file's format (seam for TLS: a key here came through pairing, not
-/// through `trust-key` or USB authorization).
-pub fn paired_hosts_path(keys: &Path) -> PathBuf {
-    let mut name = keys
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_else(|| "adb_keys".into());
-    name.push(".paired");
-    keys.with_file_name(name)
-}
-
 /// Announces `_adb-tls-pairing._tcp` for the open window (unless `device`
 /// is `None`: `--no-mdns`); the announcement ends when the guard is dropped.
 /// A failure is logged, not fatal: a host can still pair by address.
+#[cfg(feature = "mdns")]
 fn announce_window(
     device: Option<&crate::mdns::DeviceInfo>,
     bound: SocketAddr,
@@ -102,12 +90,18 @@ fn announce_window(
 
 /// Six digits from the OS RNG, leading zeroes kept.
 pub fn new_code() -> Result<String, PairCommandError> {
-    let mut probe = [0u8; 1];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut probe)
-        .map_err(|error| PairCommandError::Random(error.to_string()))?;
-    let code = rand::rngs::OsRng.unwrap_err().random_range(0..1_000_000u32);
-    Ok(format!("{code:06}"))
+    // 4294 whole runs of 10^6 fit in a u32: a draw above them is redrawn,
+    // so every code is as likely.
+    const LIMIT: u32 = 4294 * 1_000_000;
+    loop {
+        let mut bytes = [0u8; 4];
+        getrandom::getrandom(&mut bytes)
+            .map_err(|error| PairCommandError::Random(error.to_string()))?;
+        let draw = u32::from_le_bytes(bytes);
+        if draw < LIMIT {
+            return Ok(format!("{:06}", draw % 1_000_000));
+        }
+    }
 }
 
 /// The address a host should dial: the listening one, or for a wildcard
@@ -155,6 +149,7 @@ pub async fn run(options: PairOptions) -> Result<(), PairCommandError> {
         kind: PEER_DEVICE_GUID,
         data: options.guid.clone().into_bytes(),
     };
+    #[cfg(feature = "mdns")]
     let _announcement = announce_window(options.announce.as_ref(), bound);
     say(&format!("pairing code: {code}"));
     say(&format!("pairing address: {}", shown_address(bound)));
@@ -240,7 +235,7 @@ fn record_host(
         })
     };
     trust(&options.keys)?;
-    trust(&paired_hosts_path(&options.keys))?;
+    trust(&crate::tls::paired_hosts_path(&options.keys))?;
     tracing::info!(%peer, comment, keys = %options.keys.display(), "host paired");
     say(&format!(
         "paired with {comment} ({peer}): key added to {}",
@@ -264,14 +259,6 @@ fn parse_host_key(peer: SocketAddr, host: &PeerInfo) -> Result<(PublicKey, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paired_hosts_sits_beside_the_keys_file() {
-        assert_eq!(
-            paired_hosts_path(Path::new("/etc/oxadbd/adb_keys")),
-            Path::new("/etc/oxadbd/adb_keys.paired")
-        );
-    }
 
     #[test]
     fn codes_are_six_digits() {

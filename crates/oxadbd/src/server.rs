@@ -38,9 +38,11 @@ pub struct Daemon {
     /// Connection slots shared by the socket transports (TCP, vsock).
     slots: Arc<Semaphore>,
     /// The TCP listener's mDNS announcements, once [`Daemon::announce_mdns`] ran.
+    #[cfg(feature = "mdns")]
     mdns: std::sync::OnceLock<crate::mdns::ConnectAnnouncer>,
     /// The daemon's TLS key and certificate, read or made at the first
     /// connection that gets TLS (`Err`: why there is none, logged then).
+    #[cfg(feature = "tls")]
     tls_identity: std::sync::OnceLock<Result<oxadb_io::tls::TlsIdentity, String>>,
 }
 
@@ -79,7 +81,9 @@ impl Daemon {
             properties,
             switch: tcpip::Switch::default(),
             serves_usb: Default::default(),
+            #[cfg(feature = "mdns")]
             mdns: Default::default(),
+            #[cfg(feature = "tls")]
             tls_identity: std::sync::OnceLock::new(),
         })
     }
@@ -87,15 +91,19 @@ impl Daemon {
     /// Announce the TCP listener over mDNS wherever it is (docs/protocol.md,
     /// "mDNS"), under the instance name kept in `state_dir`. Call before
     /// serving TCP.
+    #[cfg(feature = "mdns")]
     pub fn announce_mdns(&self, state_dir: Option<&std::path::Path>) {
         let device = crate::mdns::DeviceInfo::from_properties(&self.properties, state_dir);
-        let tls_offered = self.config.access.tls.mode != Some(crate::tls::TlsMode::Off);
+        // `_adb-tls-connect._tcp` promises TLS: not with `--tls off`, nor from
+        // a build without it.
+        let tls_offered = self.config.access.tls.may_use_tls();
         let _ = self
             .mdns
             .set(crate::mdns::ConnectAnnouncer::new(device, tls_offered));
     }
 
     /// Withdraw the mDNS announcements (goodbye packets), e.g. before exiting.
+    #[cfg(feature = "mdns")]
     pub fn withdraw_mdns(&self) {
         if let Some(mdns) = self.mdns.get() {
             mdns.listening(None);
@@ -104,14 +112,18 @@ impl Daemon {
 
     /// The TCP listener is now at `local`: move the announcements along.
     fn tcp_listening(&self, listener: Option<&TcpListener>) {
+        #[cfg(feature = "mdns")]
         if let Some(mdns) = self.mdns.get() {
             mdns.listening(listener.and_then(|l| l.local_addr().ok()));
         }
+        #[cfg(not(feature = "mdns"))]
+        let _ = listener;
     }
 
     /// The TLS server side for a host that must (`needs_key`) or need not
     /// show a trusted key: made per connection, so the CA hints follow the
     /// keys file.
+    #[cfg(feature = "tls")]
     fn tls_side(&self, needs_key: bool) -> Result<oxadb_io::tls::TlsSide, String> {
         let identity = self
             .tls_identity
@@ -287,6 +299,7 @@ async fn start_tcp_connection(
     let mut engine = daemon.engine.clone();
     engine.require_auth = needs_key && daemon.authenticator.is_some();
     engine.tls = tls;
+    #[cfg(feature = "tls")]
     let side = if tls == oxadb_engine::Tls::Off {
         None
     } else {
@@ -298,6 +311,9 @@ async fn start_tcp_connection(
             }
         }
     };
+    // `Access::resolve` let no TLS mode but `off` through.
+    #[cfg(not(feature = "tls"))]
+    let side: Option<oxadb_io::tls::TlsSide> = None;
     let mut engine = oxadb_engine::Connection::new(engine);
     let timeout = daemon.config.access.handshake_timeout;
     let negotiated = tokio::time::timeout(

@@ -1,14 +1,23 @@
 //! The daemon's side of STLS (docs/protocol.md, "STLS"; docs/security.md,
 //! "TLS"): when a TCP host gets TLS (`--tls`), the daemon's own key and
 //! certificate, and the check of a host's certificate against the keys file.
+//!
+//! Built without the `tls` feature, only the settings are left: every host
+//! gets plaintext, and asking for TLS is a configuration error
+//! ([`crate::config::ConfigError::MissingFeature`]).
 
+#[cfg(feature = "tls")]
 use std::io::Write as _;
+#[cfg(feature = "tls")]
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
+#[cfg(feature = "tls")]
 use std::sync::{Arc, Mutex};
 
+#[cfg(feature = "tls")]
 use oxadb_auth::{AuthorizedKeys, PublicKey};
 use oxadb_engine::Tls;
+#[cfg(feature = "tls")]
 use oxadb_io::tls::{ClientKeyCheck, TlsIdentity};
 
 /// `--tls` / `tls = ...`.
@@ -20,6 +29,16 @@ pub enum TlsMode {
     On,
     /// Refuse hosts that cannot do TLS.
     Required,
+}
+
+impl std::fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Required => "required",
+        })
+    }
 }
 
 impl std::str::FromStr for TlsMode {
@@ -71,7 +90,7 @@ impl TlsSettings {
             cert: cert.unwrap_or_else(|| dir.join(CERT_FILE)),
             // `oxadbd pair` records each paired host's key there: once one
             // exists, the default beyond loopback is `required`.
-            paired_marker: crate::pair::paired_hosts_path(keys),
+            paired_marker: paired_hosts_path(keys),
         }
     }
 
@@ -81,6 +100,10 @@ impl TlsSettings {
     /// until a host has been paired, `required` after (Android's adbd
     /// speaks only TLS on its wireless-debugging port).
     pub fn for_peer(&self, loopback: bool) -> (Tls, &'static str) {
+        if !cfg!(feature = "tls") {
+            // `Access::resolve` refused any mode but `off`.
+            return (Tls::Off, "plaintext: oxadbd built without TLS");
+        }
         match self.mode {
             Some(TlsMode::Off) => (Tls::Off, "--tls off"),
             Some(TlsMode::On) => (Tls::On, "--tls on"),
@@ -99,8 +122,20 @@ impl TlsSettings {
 
     /// Whether any connection could get TLS (the identity is needed).
     pub fn may_use_tls(&self) -> bool {
-        self.mode != Some(TlsMode::Off)
+        cfg!(feature = "tls") && self.mode != Some(TlsMode::Off)
     }
+}
+
+/// The file beside the keys file listing the hosts that paired, in the
+/// keys file's format (seam for TLS: a key here came through pairing, not
+/// through `trust-key` or USB authorization).
+pub fn paired_hosts_path(keys: &Path) -> PathBuf {
+    let mut name = keys
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| "adb_keys".into());
+    name.push(".paired");
+    keys.with_file_name(name)
 }
 
 /// Whether a host has been paired with this daemon (`oxadbd pair` writes
@@ -109,6 +144,7 @@ pub fn has_paired_hosts(settings: &TlsSettings) -> bool {
     std::fs::metadata(&settings.paired_marker).is_ok_and(|m| m.len() > 0)
 }
 
+#[cfg(feature = "tls")]
 /// Why the daemon's TLS identity could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -124,6 +160,7 @@ pub enum IdentityError {
     Tls(#[from] oxadb_io::tls::TlsError),
 }
 
+#[cfg(feature = "tls")]
 fn io_error(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> IdentityError {
     let path = path.to_path_buf();
     move |source| IdentityError::Io {
@@ -133,6 +170,7 @@ fn io_error(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) ->
     }
 }
 
+#[cfg(feature = "tls")]
 /// The PEM blocks labelled `label` in `text`, decoded.
 fn pem_blocks(text: &str, label: &str, path: &Path) -> Result<Vec<u8>, IdentityError> {
     use base64::Engine as _;
@@ -155,6 +193,7 @@ fn pem_blocks(text: &str, label: &str, path: &Path) -> Result<Vec<u8>, IdentityE
         .map_err(|error| bad(&format!("bad base64: {error}")))
 }
 
+#[cfg(feature = "tls")]
 fn pem(label: &str, der: &[u8]) -> String {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD.encode(der);
@@ -167,6 +206,7 @@ fn pem(label: &str, der: &[u8]) -> String {
     text
 }
 
+#[cfg(feature = "tls")]
 fn write_private(path: &Path, text: &str, mode: u32) -> Result<(), IdentityError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io_error(dir, "creating the directory"))?;
@@ -185,6 +225,7 @@ fn write_private(path: &Path, text: &str, mode: u32) -> Result<(), IdentityError
     std::fs::rename(&tmp, path).map_err(io_error(path, "renaming into place"))
 }
 
+#[cfg(feature = "tls")]
 /// The daemon's key and certificate: read from `settings`' files, or made
 /// (an RSA-2048 key, as AOSP's adbd uses, and a self-signed certificate)
 /// and written there on first use, the key with mode 0600.
@@ -220,6 +261,7 @@ pub fn load_or_create_identity(settings: &TlsSettings) -> Result<TlsIdentity, Id
     }
 }
 
+#[cfg(feature = "tls")]
 /// Lets a host's certificate in when its RSA key is in the keys file, as
 /// adbd's `adbd_tls_verify_cert` (daemon/auth.cpp) does; the file is read
 /// at every handshake, so removing a line revokes the host.
@@ -229,6 +271,7 @@ pub struct KeysFileCheck {
     hints: Mutex<Option<(String, Vec<rustls::DistinguishedName>)>>,
 }
 
+#[cfg(feature = "tls")]
 impl KeysFileCheck {
     pub fn new(keys: PathBuf) -> Arc<KeysFileCheck> {
         Arc::new(KeysFileCheck {
@@ -238,6 +281,7 @@ impl KeysFileCheck {
     }
 }
 
+#[cfg(feature = "tls")]
 impl ClientKeyCheck for KeysFileCheck {
     fn check(&self, spki_der: &[u8]) -> Result<(), String> {
         let key = PublicKey::from_spki_der(spki_der)
@@ -274,17 +318,18 @@ impl ClientKeyCheck for KeysFileCheck {
     }
 }
 
+#[cfg(feature = "tls")]
 /// One CA name per trusted key (AOSP tls/adb_ca_list.cpp and daemon/auth.cpp
 /// `adbd_tls_client_ca_list`): O=AdbKey-0 and CN=the upper-case hex SHA-256
 /// of the key's DER SubjectPublicKeyInfo, so that adb presents the key the
 /// device knows.
 fn ca_hints(keys: &AuthorizedKeys) -> Vec<rustls::DistinguishedName> {
-    use sha2::Digest as _;
     use x509_cert::der::Encode as _;
     keys.keys()
         .iter()
         .filter_map(|(key, _)| {
-            let digest = sha2::Sha256::digest(key.to_spki_der());
+            let digest = ring::digest::digest(&ring::digest::SHA256, &key.to_spki_der());
+            let digest = digest.as_ref();
             let hex: String = digest.iter().map(|b| format!("{b:02X}")).collect();
             // RFC 4514 order: the last RDN is written first.
             let name: x509_cert::name::Name = format!("CN={hex},O=AdbKey-0").parse().ok()?;
@@ -298,6 +343,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(feature = "tls")]
     fn default_is_plaintext_on_loopback_and_required_beyond_once_paired() {
         let dir = tempfile::tempdir().unwrap();
         let keys = dir.path().join("adb_keys");
@@ -314,6 +360,26 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "tls"))]
+    fn without_tls_every_host_gets_plaintext() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("adb_keys");
+        let settings = TlsSettings::resolve(None, None, None, &keys);
+        std::fs::write(&settings.paired_marker, "host\n").unwrap();
+        assert_eq!(settings.for_peer(false).0, Tls::Off);
+        assert!(!settings.may_use_tls());
+    }
+
+    #[test]
+    fn paired_hosts_sits_beside_the_keys_file() {
+        assert_eq!(
+            paired_hosts_path(Path::new("/etc/oxadbd/adb_keys")),
+            Path::new("/etc/oxadbd/adb_keys.paired")
+        );
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
     fn identity_is_made_once_with_a_private_key_file() {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
@@ -329,6 +395,7 @@ mod tests {
         assert_eq!(made.key_der(), again.key_der());
     }
 
+    #[cfg(feature = "tls")]
     #[test]
     fn only_keys_in_the_file_pass_and_each_gets_a_hint() {
         let dir = tempfile::tempdir().unwrap();

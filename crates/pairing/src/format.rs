@@ -2,10 +2,8 @@
 //! pairing_auth/aes_128_gcm.cpp): a 6-byte header, SPAKE2 messages, and an
 //! 8192-byte PeerInfo sealed with AES-128-GCM.
 
-use aes_gcm::aead::{Aead as _, KeyInit as _};
-use aes_gcm::{Aes128Gcm, Nonce};
-use hkdf::Hkdf;
-use sha2::Sha256;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
+use ring::hkdf::{Salt, HKDF_SHA256};
 use thiserror::Error;
 
 /// The only header version adb knows (kCurrentKeyHeaderVersion).
@@ -122,35 +120,44 @@ impl PeerInfo {
 
 /// AES-128-GCM keyed from the SPAKE2 key material; nonces are a 64-bit
 /// little-endian counter per direction, zero-padded to 12 bytes.
+///
+/// ring's AES-GCM and HKDF: TLS links them anyway (docs/benchmarks.md,
+/// "Static board builds: size and idle memory").
 pub struct Cipher {
-    aead: Aes128Gcm,
+    aead: LessSafeKey,
     sent: u64,
     received: u64,
 }
 
 impl Cipher {
     pub fn new(key_material: &[u8]) -> Cipher {
+        // No salt: HKDF's default of HashLen zeros, which HMAC pads the
+        // empty key to.
         let mut key = [0u8; 16];
-        Hkdf::<Sha256>::new(None, key_material)
-            .expand(HKDF_INFO, &mut key)
+        Salt::new(HKDF_SHA256, &[])
+            .extract(key_material)
+            .expand(&[HKDF_INFO], &AES_128_GCM)
+            .and_then(|okm| okm.fill(&mut key))
             .expect("16 bytes is a valid HKDF-SHA256 length");
         Cipher {
-            aead: Aes128Gcm::new(&key.into()),
+            aead: LessSafeKey::new(
+                UnboundKey::new(&AES_128_GCM, &key).expect("an AES-128 key is 16 bytes"),
+            ),
             sent: 0,
             received: 0,
         }
     }
 
-    fn nonce(counter: u64) -> Nonce<aes_gcm::aead::consts::U12> {
+    fn nonce(counter: u64) -> Nonce {
         let mut nonce = [0u8; 12];
         nonce[..8].copy_from_slice(&counter.to_le_bytes());
-        nonce.into()
+        Nonce::assume_unique_for_key(nonce)
     }
 
     pub fn seal(&mut self, plain: &[u8]) -> Vec<u8> {
-        let sealed = self
-            .aead
-            .encrypt(&Self::nonce(self.sent), plain)
+        let mut sealed = plain.to_vec();
+        self.aead
+            .seal_in_place_append_tag(Self::nonce(self.sent), Aad::empty(), &mut sealed)
             .expect("AES-GCM seals any message this small");
         self.sent += 1;
         sealed
@@ -160,10 +167,13 @@ impl Cipher {
         if sealed.len() < TAG_SIZE {
             return Err(FormatError::Decrypt);
         }
-        let plain = self
+        let mut plain = sealed.to_vec();
+        let len = self
             .aead
-            .decrypt(&Self::nonce(self.received), sealed)
-            .map_err(|_| FormatError::Decrypt)?;
+            .open_in_place(Self::nonce(self.received), Aad::empty(), &mut plain)
+            .map_err(|_| FormatError::Decrypt)?
+            .len();
+        plain.truncate(len);
         self.received += 1;
         Ok(plain)
     }

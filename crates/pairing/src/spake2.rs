@@ -12,11 +12,10 @@
 //! - a key `SHA-512` over length-prefixed names, messages, `8a·(peer - w·N|M)`
 //!   and `SHA-512(password)`, alice's items first.
 
-use curve25519_dalek::constants::ED25519_BASEPOINT_TABLE;
 use curve25519_dalek::edwards::{CompressedEdwardsY, EdwardsPoint};
 use curve25519_dalek::scalar::Scalar;
-use rand::TryRngCore as _;
-use sha2::{Digest as _, Sha512};
+use ring::digest::{self, SHA512};
+use ring::rand::SecureRandom as _;
 use thiserror::Error;
 
 /// The size of a SPAKE2 message (an encoded point).
@@ -109,8 +108,16 @@ fn point(bytes: &[u8; 32]) -> EdwardsPoint {
         .expect("BoringSSL's SPAKE2 constants are points")
 }
 
-fn update_with_length_prefix(hash: &mut Sha512, data: &[u8]) {
-    hash.update((data.len() as u64).to_le_bytes());
+/// SHA-512 with ring, which TLS links anyway.
+fn sha512(data: &[u8]) -> [u8; 64] {
+    digest::digest(&SHA512, data)
+        .as_ref()
+        .try_into()
+        .expect("SHA-512 is 64 bytes")
+}
+
+fn update_with_length_prefix(hash: &mut digest::Context, data: &[u8]) {
+    hash.update(&(data.len() as u64).to_le_bytes());
     hash.update(data);
 }
 
@@ -123,9 +130,9 @@ impl Spake2 {
         password: &[u8],
     ) -> Result<Spake2, Spake2Error> {
         let mut random = [0u8; 64];
-        rand::rngs::OsRng
-            .try_fill_bytes(&mut random)
-            .map_err(|error| Spake2Error::Random(error.to_string()))?;
+        ring::rand::SystemRandom::new()
+            .fill(&mut random)
+            .map_err(|_| Spake2Error::Random("getrandom failed".into()))?;
         Ok(Spake2::with_random(
             role, my_name, their_name, password, &random,
         ))
@@ -141,8 +148,10 @@ impl Spake2 {
         random: &[u8; 64],
     ) -> Spake2 {
         let private = Scalar::from_bytes_mod_order_wide(random);
-        let public = ED25519_BASEPOINT_TABLE * &(private * Scalar::from(8u8));
-        let password_hash: [u8; 64] = Sha512::digest(password).into();
+        // Without dalek's precomputed tables (30 KiB of a static daemon):
+        // one multiplication per pairing.
+        let public = EdwardsPoint::mul_base(&(private * Scalar::from(8u8)));
+        let password_hash = sha512(password);
         let password_scalar = PasswordScalar::new(&password_hash);
         let mask = password_scalar.mul(&point(match role {
             Role::Alice => &M,
@@ -183,7 +192,7 @@ impl Spake2 {
         let shared = ((their_point - their_mask).mul_by_cofactor() * self.private)
             .compress()
             .to_bytes();
-        let mut hash = Sha512::new();
+        let mut hash = digest::Context::new(&SHA512);
         let (alice_name, bob_name, alice_msg, bob_msg) = match self.role {
             Role::Alice => (&self.my_name, &self.their_name, &self.my_msg, &their_bytes),
             Role::Bob => (&self.their_name, &self.my_name, &their_bytes, &self.my_msg),
@@ -194,7 +203,11 @@ impl Spake2 {
         update_with_length_prefix(&mut hash, bob_msg);
         update_with_length_prefix(&mut hash, &shared);
         update_with_length_prefix(&mut hash, &self.password_hash);
-        Ok(hash.finalize().into())
+        Ok(hash
+            .finish()
+            .as_ref()
+            .try_into()
+            .expect("SHA-512 is 64 bytes"))
     }
 }
 

@@ -97,7 +97,7 @@ fn password_scalar_is_a_multiple_of_eight() {
     // The sum w0 + k·ℓ computed in full, for many password hashes.
     let order: [u8; 32] = (-Scalar::ONE).to_bytes();
     for i in 0u8..64 {
-        let hash: [u8; 64] = Sha512::digest([i]).into();
+        let hash = sha512(&[i]);
         let w = PasswordScalar::new(&hash);
         let low = u32::from(w.reduced.as_bytes()[0])
             + u32::from(w.order_multiple) * (u32::from(order[0]) + 1);

@@ -68,6 +68,15 @@ pub struct AdaptiveWindow {
 /// ones see single packets arrive, not a rate.
 pub(crate) const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
 
+/// Shortest consumer stall the window is sized for (`stall.rs`). A
+/// consumer held off the CPU for a few scheduler slices stalled because
+/// the CPU was busy, on loopback with the sender's and the kernel's side of
+/// the same transfer: a window covering that only moves the data through
+/// memory instead of cache. Covered, such gaps grew loopback pulls' windows
+/// to 8 to 11 MiB (docs/benchmarks.md, "Burst pulls on loopback"); a file
+/// system flushing stalls for tens of milliseconds.
+pub(crate) const MIN_STALL_NS: u64 = 10_000_000;
+
 impl AdaptiveWindow {
     /// See [`RecvCredit::adaptive`](super::RecvCredit::adaptive).
     pub(crate) fn new(params: AdaptiveParams, now_ns: u64) -> AdaptiveWindow {
@@ -373,7 +382,10 @@ impl AdaptiveWindow {
         // consumer had kept up), measured over at least a round trip so
         // that a packet arriving whole does not inflate it.
         if let Some((blocked_ns, received_by_then)) = self.stalls.blocked {
-            if backlog > 0 && gap > rtt.max(MIN_RATE_INTERVAL_NS) && blocked_ns >= last_read_ns {
+            if backlog > 0
+                && gap > rtt.max(MIN_RATE_INTERVAL_NS).max(MIN_STALL_NS)
+                && blocked_ns >= last_read_ns
+            {
                 let filled = received_by_then.saturating_sub(received_then) as u128;
                 let fill_ns = (blocked_ns - last_read_ns).max(rtt) as u128;
                 let covers = filled * (gap + rtt) as u128 / fill_ns;
@@ -611,16 +623,18 @@ mod tests {
             for tick in 1..4000u64 {
                 // Ticks of 100 us.
                 let now = tick * 100_000;
-                let bytes = if !clumped {
-                    10_000
+                // Clumps of eight 100 kB packets every 8 ms, 10 us apart.
+                let (packets, bytes) = if !clumped {
+                    (1, 10_000)
                 } else if tick % 80 == 0 {
-                    800_000
+                    (8, 100_000)
                 } else {
-                    0
+                    (0, 0)
                 };
-                if bytes > 0 {
-                    credit.on_received(bytes, now);
-                    credit.on_consumed(bytes, now);
+                for i in 0..packets {
+                    let at = now + i * 10_000;
+                    credit.on_received(bytes, at);
+                    credit.on_consumed(bytes, at);
                 }
                 credit.take_okays(&mut okays, now);
             }

@@ -288,7 +288,10 @@ fn the_seed_scenarios_show_their_documented_effects() {
 /// carries at least 95% of the link rate; and it lets at most a quarter of
 /// what aosp lets exist between the two applications. The one exception is
 /// the stall on usb3, where reaching 95% takes 45 ms of a 350 MB/s link,
-/// 15.8 MB, more than a quarter of aosp's 34 MiB by itself. 256 MiB, and
+/// 15.8 MB, more than a quarter of aosp's 34 MiB by itself; behind other
+/// stalling consumers it may hold a third (the window carries three times
+/// rate x round trip, room for TCP's own cwnd gain, and a stall lands all
+/// of it: wifi 11 MiB against 34, credit/adaptive.rs `RATE_GAIN`). 256 MiB, and
 /// 1 GiB for the stalling consumer: the window learns a stall's length
 /// from the first one, which costs usb3 34 ms (94.9% of the link over
 /// 256 MiB, 98.6% over 1 GiB).
@@ -335,6 +338,11 @@ fn adaptive_fills_the_link_with_a_quarter_of_aosps_bytes_in_flight() {
             if stall_on_usb3 {
                 assert!(
                     adaptive.peak_in_flight * 3 <= aosp.peak_in_flight * 2,
+                    "{in_flight}"
+                );
+            } else if matches!(consumer, Consumer::Stalling { .. }) {
+                assert!(
+                    adaptive.peak_in_flight * 3 <= aosp.peak_in_flight,
                     "{in_flight}"
                 );
             } else {

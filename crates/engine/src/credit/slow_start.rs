@@ -16,7 +16,7 @@
 //! gain times the rate seen after the round trip's first arrival times the
 //! round trip caps the growth, since the first packet was mostly on its way
 //! before the round trip began (on the simulator's loopback two 1 MiB
-//! packets land within one 0.3 ms round trip: doubled whole, 4 MiB where 2
+//! packets land within one 0.3 ms round trip: grown whole, 6 MiB where 2
 //! carry it). Like BBR's startup (which ends once three rounds fail to
 //! raise the bandwidth estimate by a quarter), the ramp ends when the
 //! measured rate stops growing, or when data has waited for the consumer
@@ -24,9 +24,9 @@
 //! window. A burst that the consumer clears within the round trip is no
 //! sign of a slow consumer: TCP delivers one after every loss it repairs
 //! (a round trip's data held behind the hole), which ended the ramp while
-//! TCP was still raising its rate. On a link
-//! whose rate is reached at once (loopback, where a round trip brings far
-//! less than the first two packets) it never raises the window.
+//! TCP was still raising its rate. On a link whose rate is reached at once
+//! (loopback, where a round trip brings far less than the first two
+//! packets) it never raises the window.
 
 use std::collections::VecDeque;
 

@@ -6,7 +6,7 @@ refused port, an invalid port, an unknown bare serial (in a private network
 namespace, so the host-name lookup leaves no trace beyond it), a device that
 goes away mid-`shell` (shell protocol v2: oxadbd killed; v1: a fake device
 without `shell_v2` that hangs up), mid-`exec-out` and mid-`pull`, peers that
-are no ADB daemon (an SSH banner, an HTTP answer, a hang-up: told at once,
+are no ADB daemon (an SSH banner, an HTTP answer, a hang-up, a reset: told at once,
 not after the 10 s CNXN timeout), an `unauthorized` device, and a HOME where
 no key can be kept (fine for a daemon that asks for none).
 
@@ -234,7 +234,8 @@ def test_shell_v1_tells_a_lost_connection_from_an_end(home, clean):
     (b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n", 'got "SSH-2.0-OpenSSH_9.2p1 Debian-2\\r\\n"'),
     (b"HTTP/1.1 400 Bad Request\r\n\r\n", 'got "HTTP/1.1 400 Bad Request\\r\\n\\r\\n"'),
     (b"", "it closed the connection without sending anything"),
-], ids=["ssh", "http", "hang-up"])
+    (None, "it closed the connection without sending anything"),
+], ids=["ssh", "http", "hang-up", "reset"])
 def test_a_peer_that_is_no_adb_daemon_is_told_at_once(home, reply, got):
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -242,6 +243,11 @@ def test_a_peer_that_is_no_adb_daemon_is_told_at_once(home, reply, got):
     def serve() -> None:
         conn, _ = listener.accept()
         with conn:
+            if reply is None:
+                # An abortive close: a reset that may reach us before or
+                # during our CNXN (the hang-up above races the same way).
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
             if reply.startswith(b"HTTP"):
                 conn.recv(4096)
             conn.sendall(reply)

@@ -501,8 +501,22 @@ async fn negotiate_host(
 ) -> Result<TcpTransport, ConnectionError> {
     while let Some(packet) = engine.poll_transmit() {
         let header = engine.header_for(&packet).encode();
-        stream.write_all(&header).await?;
-        stream.write_all(&packet.payload).await?;
+        let sent = match stream.write_all(&header).await {
+            Ok(()) => stream.write_all(&packet.payload).await,
+            failed => failed,
+        };
+        // A peer that is no ADB daemon may hang up before our CNXN is out
+        // (EPIPE or a reset): what it sent, if anything, is still to be
+        // read, and the driver's first-bytes check names it.
+        if let Err(error) = sent {
+            if matches!(
+                error.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) {
+                return Ok(TcpTransport::Plain(stream));
+            }
+            return Err(error.into());
+        }
     }
     let stls = oxadb_wire::Command::Stls.as_u32().to_le_bytes();
     let mut head = [0u8; HEADER_LEN];

@@ -179,13 +179,24 @@ impl Device {
         if tls.is_some() {
             config.tls = oxadb_engine::Tls::On;
         }
+        // A reset once connected (the connect's own SO_ERROR check may see it
+        // already) is a peer that accepted and hung up without a byte.
+        let setup_error = |cause: std::io::Error| match cause.kind() {
+            std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::NotConnected
+            | std::io::ErrorKind::BrokenPipe => Error::NotAdb {
+                addr: serial.clone(),
+                got: first_bytes::describe(&[]),
+            },
+            _ => connect_error(cause),
+        };
         let socket = tokio::time::timeout(options.timeout, tokio::net::TcpStream::connect(&serial))
             .await
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(connect_error)?;
-        oxadb_io::watch_peer(&socket, options.peer_timeout).map_err(connect_error)?;
-        socket.set_nodelay(true).map_err(connect_error)?;
-        let label = socket.peer_addr().map_err(connect_error)?.to_string();
+            .map_err(setup_error)?;
+        oxadb_io::watch_peer(&socket, options.peer_timeout).map_err(setup_error)?;
+        socket.set_nodelay(true).map_err(setup_error)?;
+        let label = socket.peer_addr().map_err(setup_error)?.to_string();
         // CNXN, and STLS and the TLS handshake if the device asks for TLS
         // (docs/protocol.md, "STLS"); any other answer is left for the driver.
         let mut engine = oxadb_engine::Connection::new(config);
@@ -200,16 +211,7 @@ impl Device {
             oxadb_io::tls::TcpTransport::Plain(socket) => {
                 // A peer that hung up on our CNXN (reset, so the socket is no
                 // longer connected) sent nothing an ADB daemon would.
-                let (reader, sink, _) =
-                    oxadb_io::tcp_halves(socket).map_err(|cause| match cause.kind() {
-                        std::io::ErrorKind::NotConnected | std::io::ErrorKind::ConnectionReset => {
-                            Error::NotAdb {
-                                addr: serial.clone(),
-                                got: first_bytes::describe(&[]),
-                            }
-                        }
-                        _ => connect_error(cause),
-                    })?;
+                let (reader, sink, _) = oxadb_io::tcp_halves(socket).map_err(setup_error)?;
                 let (reader, seen) = FirstBytes::new(reader);
                 let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
                 tokio::spawn(run);
@@ -601,7 +603,9 @@ fn not_adb(first: &[u8], error: &oxadb_io::ConnectionError) -> bool {
                 || (first.is_empty()
                     && matches!(
                         io.kind(),
-                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+                        std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::UnexpectedEof
                     ))
         }
         _ => false,

@@ -461,8 +461,16 @@ impl Stream {
     fn note_credit(&mut self, now_ns: u64) {
         let waiting = !self.outgoing.is_empty() && !self.send.can_send();
         match (waiting, self.credit_blocked_since) {
-            (true, None) => self.credit_blocked_since = Some(now_ns),
+            (true, None) => {
+                tracing::trace!(now_ns, "stream out of credit");
+                self.credit_blocked_since = Some(now_ns);
+            }
             (false, Some(since)) => {
+                tracing::trace!(
+                    now_ns,
+                    waited_ns = now_ns - since,
+                    "stream has credit again"
+                );
                 self.stats.credit_blocked_ns += now_ns.saturating_sub(since);
                 self.credit_blocked_since = None;
             }

@@ -188,12 +188,20 @@ impl ReceivePolicy for AdaptiveWindow {
         // What the sender can still send; negative after its one
         // allowed overshoot.
         let usable = adaptive.granted as i64 - counts.received as i64;
-        // docs/flow-control.md, "When to send an OKAY" (smoltcp): coalesce,
-        // except an update that unblocks the sender or at least doubles its
-        // usable credit. While ramping, every update carries growth the
-        // sender needs within the round trip (holding one back stretched a
-        // doubling over two round trips), so none waits.
-        if usable > 0 && (increase as i64) < usable && !adaptive.ramp.active() {
+        // docs/flow-control.md, "When to send an OKAY" (smoltcp): coalesce
+        // updates smaller than a packet, except one that unblocks the sender
+        // or at least doubles its usable credit. Usable credit as seen here
+        // counts what is still on the way, a round trip's worth on a long
+        // link: held to half a 32 MiB window, a pull at 100 ms ran dry for a
+        // round trip (75.9 MB/s against AOSP's 78.2, per-packet OKAYs).
+        // While ramping, every update carries growth the sender needs within
+        // the round trip (holding one back stretched a doubling over two
+        // round trips), so none waits.
+        if usable > 0
+            && (increase as i64) < usable
+            && increase < adaptive.floor
+            && !adaptive.ramp.active()
+        {
             return;
         }
         // An update that leaves the sender still blocked (after its
@@ -216,6 +224,19 @@ impl ReceivePolicy for AdaptiveWindow {
             adaptive.probe_started_ns = Some(now_ns);
         }
         adaptive.granted += increase;
+        tracing::trace!(
+            now_ns,
+            increase,
+            granted = adaptive.granted,
+            received = counts.received,
+            consumed = counts.consumed,
+            window = adaptive.window,
+            headroom = adaptive.headroom(),
+            ramping = adaptive.ramp.active(),
+            rate = adaptive.rate,
+            min_rtt_ns = adaptive.min_rtt_ns,
+            "credit granted"
+        );
         if counts.received < adaptive.granted {
             adaptive.stalls.blocked = None;
         }
@@ -433,11 +454,16 @@ mod tests {
 
     /// An adaptive window with no budget, no headroom and no ramp: the rules alone.
     fn adaptive(initial: u64, max_window: u64) -> RecvCredit {
+        adaptive_with_packet(initial, max_window, 1)
+    }
+
+    /// As [`adaptive`], with packets of `packet` bytes (the floor).
+    fn adaptive_with_packet(initial: u64, max_window: u64, packet: u64) -> RecvCredit {
         RecvCredit::adaptive(
             AdaptiveParams {
                 initial,
                 max_window,
-                floor: 1,
+                floor: packet,
                 budget: None,
                 ack_headroom: false,
                 slow_start: false,
@@ -449,8 +475,8 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
-    fn adaptive_coalesces_until_the_update_doubles_usable_credit() {
-        let mut credit = adaptive(1000, 1 << 20);
+    fn adaptive_coalesces_less_than_a_packet_until_it_doubles_usable_credit() {
+        let mut credit = adaptive_with_packet(1000, 1 << 20, 800);
         assert_eq!(credit.initial_grant(), Some(1000));
         let mut out = Vec::new();
         credit.on_received(300, 0);
@@ -461,6 +487,26 @@ mod tests {
         credit.on_consumed(300, 0);
         credit.take_okays(&mut out, 0);
         assert_eq!(out, vec![Some(600)], "600 more doubles the 400 usable");
+    }
+
+    #[test]
+    fn a_packet_of_credit_goes_out_at_once_in_a_large_window() {
+        // Ten packets of window: most of the usable credit seen here may be
+        // on the way on a long link, so a packet's worth is not held back.
+        let mut credit = adaptive_with_packet(1000, 1 << 20, 100);
+        let mut out = Vec::new();
+        credit.on_received(60, 0);
+        credit.on_consumed(60, 0);
+        credit.take_okays(&mut out, 0);
+        assert!(out.is_empty(), "less than a packet waits");
+        credit.on_received(40, 0);
+        credit.on_consumed(40, 0);
+        credit.take_okays(&mut out, 0);
+        assert_eq!(
+            out,
+            vec![Some(100)],
+            "a packet goes although 900 are usable"
+        );
     }
 
     #[test]

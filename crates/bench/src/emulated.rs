@@ -106,8 +106,8 @@ pub struct EmulatedArgs {
     /// figure is the transport's, as a push's) or tmpfs (a new file, compared
     /// with the source; this VM's tmpfs page allocation is erratic). Google's
     /// adb always pulls into tmpfs: it replaces its destination.
-    #[arg(long, default_value = "node", value_parser = ["node", "tmpfs"])]
-    pub(crate) pull_into: String,
+    #[arg(long, value_enum, default_value = "node")]
+    pub(crate) pull_into: Target,
     /// The daemon's --tls (off, on, required) [default: the daemon's own,
     /// TLS offered beyond loopback, which oxadb takes].
     #[arg(long)]
@@ -190,11 +190,12 @@ impl Client {
 }
 
 /// Where a transfer's bytes go.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Target {
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub(crate) enum Target {
     /// The private character device node (1, 3).
     Node,
     /// A new file in tmpfs, compared with the source afterwards.
+    #[value(name = "tmpfs")]
     File,
 }
 
@@ -422,15 +423,6 @@ impl Bench<'_> {
         Ok((elapsed, text, cpu))
     }
 
-    /// Where oxadb's pulls go: the private device node (the transport
-    /// alone, as pushes) unless `--pull-into tmpfs`.
-    fn oxadb_pull_target(&self) -> Target {
-        match self.args.pull_into.as_str() {
-            "tmpfs" => Target::File,
-            _ => Target::Node,
-        }
-    }
-
     /// Runs one transfer command and checks its result, which went into
     /// `into`: the device node must still be one (Google's adb replaces a
     /// pull destination), a pulled file must equal the source.
@@ -572,7 +564,7 @@ impl Bench<'_> {
         let into = if push {
             Target::Node
         } else {
-            self.oxadb_pull_target()
+            self.args.pull_into
         };
         let destination = match into {
             Target::Node => &self.null_node,

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use crate::emulated::{
-    packet_payload, stop_and_wait_mb_s, EmulatedArgs, Link, LinkRun, Row, RttResult, DAEMON_PORT,
-    MSS, SEGMENT_WIRE,
+    packet_payload, stop_and_wait_mb_s, EmulatedArgs, Link, LinkRun, Row, RttResult, Target,
+    DAEMON_PORT, MSS, SEGMENT_WIRE,
 };
 
 /// Round trips a transfer needs before its data flows, as oxadb's printed
@@ -52,7 +52,7 @@ pub(crate) fn print(args: &EmulatedArgs, oxadb: &Path, oxadbd: &Path, runs: &[Li
         "Transfer: {} MiB of random data per run, {} run(s), interleaved (order rotated per run); compression off (-z none); pushes into a private character device node (1, 3); oxadb's pulls {}; Google adb's pulls into tmpfs, compared with the source byte for byte",
         args.size >> 20,
         args.runs,
-        if args.pull_into == "tmpfs" {
+        if args.pull_into == Target::File {
             "into tmpfs, compared with the source byte for byte"
         } else {
             "into the same device node (--pull-into tmpfs for files)"

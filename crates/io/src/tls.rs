@@ -444,11 +444,7 @@ pub async fn negotiate(
         return negotiate_host(stream, engine, tls).await;
     }
     loop {
-        while let Some(packet) = engine.poll_transmit() {
-            let header = engine.header_for(&packet).encode();
-            stream.write_all(&header).await?;
-            stream.write_all(&packet.payload).await?;
-        }
+        send_pending(&mut stream, engine).await?;
         if engine.starting_tls() {
             break;
         }
@@ -499,24 +495,16 @@ async fn negotiate_host(
     engine: &mut oxadb_engine::Connection,
     tls: Option<&TlsSide>,
 ) -> Result<TcpTransport, ConnectionError> {
-    while let Some(packet) = engine.poll_transmit() {
-        let header = engine.header_for(&packet).encode();
-        let sent = match stream.write_all(&header).await {
-            Ok(()) => stream.write_all(&packet.payload).await,
-            failed => failed,
-        };
-        // A peer that is no ADB daemon may hang up before our CNXN is out
-        // (EPIPE or a reset): what it sent, if anything, is still to be
-        // read, and the driver's first-bytes check names it.
-        if let Err(error) = sent {
-            if matches!(
-                error.kind(),
-                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-            ) {
-                return Ok(TcpTransport::Plain(stream));
+    // A peer that is no ADB daemon may hang up before our CNXN is out
+    // (EPIPE or a reset): what it sent, if anything, is still to be read,
+    // and the driver's first-bytes check names it.
+    if let Err(error) = send_pending(&mut stream, engine).await {
+        return match error.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                Ok(TcpTransport::Plain(stream))
             }
-            return Err(error.into());
-        }
+            _ => Err(error.into()),
+        };
     }
     let stls = oxadb_wire::Command::Stls.as_u32().to_le_bytes();
     let mut head = [0u8; HEADER_LEN];
@@ -541,12 +529,22 @@ async fn negotiate_host(
     let mut payload = vec![0u8; header.data_length as usize];
     stream.read_exact(&mut payload).await?;
     engine.handle_packet(&header, payload.into())?;
+    send_pending(&mut stream, engine).await?;
+    start_tls(stream, engine, tls).await
+}
+
+/// Writes every packet the engine has queued, during the handshake (before
+/// any driver owns the socket).
+async fn send_pending(
+    stream: &mut TcpStream,
+    engine: &mut oxadb_engine::Connection,
+) -> std::io::Result<()> {
     while let Some(packet) = engine.poll_transmit() {
         let header = engine.header_for(&packet).encode();
         stream.write_all(&header).await?;
         stream.write_all(&packet.payload).await?;
     }
-    start_tls(stream, engine, tls).await
+    Ok(())
 }
 
 /// Runs the TLS handshake once STLS was exchanged.

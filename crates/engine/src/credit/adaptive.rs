@@ -156,9 +156,9 @@ impl ReceivePolicy for AdaptiveWindow {
         // More than a packet waiting for over a round trip: the consumer,
         // not the window, sets the pace from here (slow_start.rs).
         if let Some(rtt) = adaptive.min_rtt_ns {
-            let left = counts.received - counts.consumed > adaptive.floor;
-            let waited = now_ns.saturating_sub(adaptive.stalls.last_read.0);
             let floor = adaptive.floor;
+            let left = counts.received - counts.consumed > floor;
+            let waited = now_ns.saturating_sub(adaptive.stalls.last_read.0);
             adaptive
                 .ramp
                 .on_backlog(backlog > floor, left, waited, now_ns, rtt);

@@ -367,22 +367,27 @@ impl Progress for Reporter {
     }
 }
 
-/// The counters beside a sized bar and their columns: `123.45 KiB` for
-/// sizes, `123.45 KiB/s` for the rate, `ETA 2h03m` at the longest.
+/// The counters beside a sized bar and their columns at their widest:
+/// `1023.99 KiB` for sizes (indicatif switches unit at 1024, not 1000),
+/// `1023.99 KiB/s` for the rate, `ETA 2h03m`.
 const COUNTERS: (&str, usize) = (
-    "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} {eta_known:9}",
-    10 + 1 + 10 + 1 + 12 + 1 + 9,
+    "{bytes:>11}/{total_bytes:<11} {binary_bytes_per_sec:>13} {eta_known:9}",
+    11 + 1 + 11 + 1 + 13 + 1 + 9,
 );
 /// Below 80 columns: the share done, the bytes and the ETA, so the file
 /// name keeps some 30 columns even at 60.
 const NARROW_COUNTERS: (&str, usize) = (
-    "{percent:>3}% {bytes:>10} {eta_known:9}",
-    3 + 1 + 1 + 10 + 1 + 9,
+    "{percent:>3}% {bytes:>11} {eta_known:9}",
+    3 + 1 + 1 + 11 + 1 + 9,
 );
+/// Below 50 columns: the share done and the ETA (or, without a size, the
+/// bytes), so a name of a dozen characters still shows whole at 40.
+const TINY_COUNTERS: (&str, usize) = ("{percent:>3}% {eta_known:9}", 3 + 1 + 1 + 9);
+const TINY_SPINNER_COUNTERS: (&str, usize) = ("{spinner} {bytes:>11}", 1 + 1 + 11);
 /// Without a size (a file that grows as it is read).
 const SPINNER_COUNTERS: (&str, usize) = (
-    "{spinner} {bytes:>10} {binary_bytes_per_sec:>12}",
-    1 + 1 + 10 + 1 + 12,
+    "{spinner} {bytes:>11} {binary_bytes_per_sec:>13}",
+    1 + 1 + 11 + 1 + 13,
 );
 
 /// stderr's width in columns (80 when it has none).
@@ -402,9 +407,11 @@ fn terminal_width() -> usize {
 fn bar_layout(width: usize, sized: bool, name: &str) -> (String, String, usize) {
     let usable = width.saturating_sub(1);
     let (counters, counters_width) = match sized {
-        false => SPINNER_COUNTERS,
+        false if usable >= 49 => SPINNER_COUNTERS,
+        false => TINY_SPINNER_COUNTERS,
         true if usable >= 79 => COUNTERS,
-        true => NARROW_COUNTERS,
+        true if usable >= 49 => NARROW_COUNTERS,
+        true => TINY_COUNTERS,
     };
     let mut room = usable.saturating_sub(counters_width + 1);
     // A bar only where the name keeps 30 columns beside it.
@@ -484,6 +491,26 @@ mod tests {
         assert_eq!(bar_layout(200, true, name).1, name);
         assert!(bar_layout(60, true, name).1.starts_with('…'));
         assert_eq!(truncate_left("abcdef", 4), "…def");
+    }
+
+    #[test]
+    fn the_counters_columns_hold_the_widest_values() {
+        // Just under a unit change is the widest a size or rate gets.
+        let widest_size = indicatif::HumanBytes(1024 * 1024 - 1).to_string();
+        let widest_rate = format!("{}/s", indicatif::BinaryBytes(1024 * 1024 - 1));
+        assert_eq!(widest_size, "1024.00 KiB");
+        for (template, _) in [
+            COUNTERS,
+            NARROW_COUNTERS,
+            SPINNER_COUNTERS,
+            TINY_SPINNER_COUNTERS,
+        ] {
+            assert!(template.contains(&format!("{{bytes:>{}}}", widest_size.len())));
+        }
+        assert!(COUNTERS.0.contains(&format!(":>{}}}", widest_rate.len())));
+        assert!(SPINNER_COUNTERS
+            .0
+            .contains(&format!(":>{}}}", widest_rate.len())));
     }
 
     #[derive(Debug, Parser)]

@@ -342,7 +342,9 @@ fn reported_rate(text: &str) -> Option<(f64, u64)> {
 /// `rtt min/avg/max/mdev = a/b/c/d ms` from ping.
 fn ping_summary(text: &str) -> Option<[f64; 4]> {
     let line = text.lines().find(|l| l.contains("min/avg/max"))?;
-    let numbers = line.split('=').nth(1)?.trim().trim_end_matches("ms").trim();
+    // Beyond 200 ms (ping's -i) a ", pipe 2" follows: pings in flight at once.
+    let numbers = line.split('=').nth(1)?.split(',').next()?;
+    let numbers = numbers.trim().trim_end_matches("ms").trim();
     let values: Vec<f64> = numbers
         .split('/')
         .map(|v| v.trim().parse().ok())
@@ -1110,4 +1112,18 @@ pub(crate) struct ReportTexts {
     pub(crate) iperf3_version: String,
     /// Connections to oxadbd, and how many of them TLS carried.
     pub(crate) tls: (usize, usize),
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ping_summary_reads_short_and_long_round_trips() {
+        let short = "rtt min/avg/max/mdev = 50.1/50.2/50.3/0.1 ms\n";
+        assert_eq!(super::ping_summary(short), Some([50.1, 50.2, 50.3, 0.1]));
+        let long = "rtt min/avg/max/mdev = 302.850/303.952/305.115/0.814 ms, pipe 2\n";
+        assert_eq!(
+            super::ping_summary(long),
+            Some([302.85, 303.952, 305.115, 0.814])
+        );
+    }
 }

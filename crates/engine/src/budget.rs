@@ -34,8 +34,8 @@ pub struct BudgetLimits {
     pub per_stream_cap: u64,
 }
 
-/// AOSP's fixed credit: the largest window any stream gets.
-const MAX_PER_STREAM: u64 = 32 * 1024 * 1024;
+/// The largest window any stream gets, however large the budget.
+const MAX_PER_STREAM: u64 = crate::credit::MAX_ADAPTIVE_WINDOW as u64;
 
 /// The smallest packet [`BudgetLimits::packet_size`] chooses: AOSP's
 /// largest sync DATA payload (`SYNC_DATA_MAX`), so a push or pull never
@@ -46,7 +46,7 @@ impl BudgetLimits {
     /// Levels for a hard `limit`, in `tcp_mem`'s proportions (3/4 : 1 : 3/2
     /// of the pressure level, so comfortable = limit / 2, pressure =
     /// 2 x limit / 3); a stream may take an eighth of the limit, at most
-    /// AOSP's 32 MiB.
+    /// [`MAX_ADAPTIVE_WINDOW`](crate::MAX_ADAPTIVE_WINDOW).
     pub fn from_limit(limit: u64) -> BudgetLimits {
         BudgetLimits {
             comfortable: limit / 2,
@@ -247,8 +247,8 @@ mod tests {
         assert_eq!(limits.per_stream_cap, 6 << 20);
         assert_eq!(
             BudgetLimits::from_limit(1 << 40).per_stream_cap,
-            32 << 20,
-            "never above AOSP's fixed credit"
+            256 << 20,
+            "never above the largest adaptive window"
         );
     }
 

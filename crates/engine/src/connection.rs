@@ -15,6 +15,7 @@ use thiserror::Error;
 use crate::budget::MemoryBudget;
 use crate::credit::{
     AdaptiveParams, CreditMode, CreditPolicy, RecvCredit, SendCredit, AOSP_INITIAL_CREDIT,
+    MAX_ADAPTIVE_WINDOW,
 };
 use crate::send_queue::SendQueue;
 
@@ -130,7 +131,7 @@ impl Config {
             version: VERSION_SKIP_CHECKSUM,
             max_payload: MAX_PAYLOAD,
             credit_policy: CreditPolicy::Adaptive {
-                max_window: AOSP_INITIAL_CREDIT,
+                max_window: MAX_ADAPTIVE_WINDOW,
             },
             initial_credit: AOSP_INITIAL_CREDIT,
             local_buffer: 2 * MAX_PAYLOAD as usize,

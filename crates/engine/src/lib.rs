@@ -14,7 +14,7 @@ pub use connection::{
     Role, StreamError, StreamId, StreamStats, Tls, AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN,
     DEFAULT_MAX_STREAMS, STLS_VERSION,
 };
-pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT};
+pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT, MAX_ADAPTIVE_WINDOW};
 
 #[cfg(test)]
 mod tests;

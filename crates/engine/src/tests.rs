@@ -1059,7 +1059,7 @@ fn a_credit_mode_sets_the_banner_and_the_policy_together() {
     assert_eq!(
         config.credit_policy,
         CreditPolicy::Adaptive {
-            max_window: AOSP_INITIAL_CREDIT
+            max_window: MAX_ADAPTIVE_WINDOW
         }
     );
     config.set_credit_mode(CreditMode::Classic);

@@ -88,6 +88,12 @@ pub(crate) const RATE_GAIN: u128 = 3;
 /// system flushing stalls for tens of milliseconds.
 pub(crate) const MIN_STALL_NS: u64 = 10_000_000;
 
+/// The largest window grown to cover a consumer stall: AOSP's fixed credit,
+/// which covered the simulator's 50 ms stalls on usb3 (21 MiB). The
+/// link's own need (rate x round trip) may grow beyond it; a stall's may
+/// not, or loopback's 50 ms stalls at 4 GB/s would pin 200 MB a stream.
+const MAX_STALL_WINDOW: u64 = super::AOSP_INITIAL_CREDIT as u64;
+
 impl AdaptiveWindow {
     /// See [`RecvCredit::adaptive`](super::RecvCredit::adaptive).
     pub(crate) fn new(params: AdaptiveParams, now_ns: u64) -> AdaptiveWindow {
@@ -428,7 +434,7 @@ impl AdaptiveWindow {
             let target = std::mem::take(&mut self.stalls.pending);
             // A stall the cap cannot cover would hold a cap's worth of memory
             // for a fraction of the gain (loopback: 50 ms at 4 GB/s is 200 MB).
-            if target <= self.max_window {
+            if target <= self.max_window.min(MAX_STALL_WINDOW) {
                 self.grow_to(target);
             }
         }
@@ -556,6 +562,23 @@ mod tests {
         credit.on_received(1 << 30, 40 * MS);
         credit.on_consumed(1 << 30, 50 * MS);
         assert_eq!(credit.window(), Some(64 << 20));
+    }
+
+    #[test]
+    fn a_link_needing_more_than_aosps_credit_gets_it() {
+        // 1 Gbit/s over 300 ms: 3 x 125 MB/s x 300 ms = 112.5 MB, beyond
+        // AOSP's fixed 32 MiB (which would cap the link at 112 MB/s minus
+        // what sits in the sockets' buffers).
+        let mut credit = adaptive(1 << 20, crate::MAX_ADAPTIVE_WINDOW.into());
+        credit.start_rtt_probe(0);
+        credit.end_rtt_probe(300 * MS);
+        credit.on_received(125_000_000, 1000 * MS);
+        credit.on_consumed(125_000_000, 1000 * MS);
+        let window = credit.window().unwrap();
+        assert!(
+            (112_000_000..113_000_000).contains(&window),
+            "3 x 125 MB/s x 300 ms, got {window}"
+        );
     }
 
     #[test]
@@ -722,11 +745,12 @@ mod tests {
     /// A consumer that reads nothing for 50 ms and then drains its backlog
     /// at once gets a window that covers the stall at the rate the window
     /// filled; one that then reads slowly, never catching up with a sender
-    /// that refills whatever it frees, does not.
+    /// that refills whatever it frees, does not; nor does a stall beyond
+    /// AOSP's 32 MiB, however large the cap.
     #[test]
     fn a_stall_the_consumer_catches_up_from_sizes_the_window() {
-        let run = |read_per_ms: usize| {
-            let mut credit = adaptive(1 << 20, 64 << 20);
+        let run = |read_per_ms: usize, stall_ms: u64| {
+            let mut credit = adaptive(1 << 20, 256 << 20);
             let mut okays = Vec::new();
             credit.start_rtt_probe(0);
             credit.end_rtt_probe(MS);
@@ -736,7 +760,7 @@ mod tests {
                 credit.on_received(1 << 18, t * MS);
             }
             let mut sender_credit = 0;
-            for t in 50..100 {
+            for t in stall_ms..stall_ms + 50 {
                 let take = credit.buffered().min(read_per_ms);
                 credit.on_consumed(take, t * MS);
                 okays.clear();
@@ -752,13 +776,16 @@ mod tests {
             credit.window().unwrap()
         };
         // 262 kB/ms x (49 ms waited + 1 ms round trip) = 13.1 MB.
-        let fast = run(usize::MAX);
+        let fast = run(usize::MAX, 50);
         assert!(
             (13_000_000..13_300_000).contains(&fast),
             "the stall called for 13.1 MB, got {fast}"
         );
-        let slow = run(1 << 14);
+        let slow = run(1 << 14, 50);
         assert!(slow <= 1 << 20, "a slow drain is no stall: window {slow}");
+        // 262 kB/ms x 150 ms = 39 MB: more than a stall may pin.
+        let long = run(usize::MAX, 150);
+        assert!(long <= 1 << 20, "a 150 ms stall grew the window to {long}");
     }
 
     /// A backlog read at once after a stall is not a rate the link delivered.

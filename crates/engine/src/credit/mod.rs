@@ -25,6 +25,13 @@ pub use adaptive::{AdaptiveParams, AdaptiveWindow};
 /// AOSP's `INITIAL_DELAYED_ACK_BYTES`: the fixed credit each side grants per stream.
 pub const AOSP_INITIAL_CREDIT: u32 = 32 * 1024 * 1024;
 
+/// The largest adaptive window, for links whose bandwidth-delay product
+/// AOSP's fixed credit does not cover (32 MiB is 1 Gbit/s for 268 ms):
+/// three times 1 Gbit/s over 680 ms, a geostationary satellite hop, or
+/// 10 Gbit/s over 70 ms. The memory budget caps it far lower on most hosts
+/// (a stream gets an eighth of the limit: `budget.rs`).
+pub const MAX_ADAPTIVE_WINDOW: u32 = 256 * 1024 * 1024;
+
 /// What the sender side of a stream may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendCredit {
@@ -69,10 +76,11 @@ pub enum CreditPolicy {
     /// AOSP burst mode: a fixed grant at open (`Config::initial_credit`),
     /// returned as soon as bytes are flushed.
     Aosp,
-    /// A window that starts at two packets and grows to twice the measured
-    /// consumption rate times the round trip, never above `max_window`;
-    /// OKAYs are coalesced unless they unblock the sender or at least double
-    /// its usable credit (`docs/flow-control.md`).
+    /// A window that starts at two packets and grows to three times the
+    /// measured consumption rate times the round trip, never above
+    /// `max_window`; OKAYs smaller than a packet are coalesced unless they
+    /// unblock the sender or at least double its usable credit
+    /// (`docs/flow-control.md`).
     Adaptive { max_window: u32 },
 }
 
@@ -100,7 +108,7 @@ impl CreditMode {
         match self {
             CreditMode::Aosp => CreditPolicy::Aosp,
             CreditMode::Classic | CreditMode::Adaptive => CreditPolicy::Adaptive {
-                max_window: AOSP_INITIAL_CREDIT,
+                max_window: MAX_ADAPTIVE_WINDOW,
             },
         }
     }

@@ -1091,7 +1091,8 @@ async fn failed_pull_keeps_the_existing_file() {
         assert!(session.is_ended());
         drop(session);
 
-        // A directory fails while reading, with or without compression.
+        // A directory is refused before it is opened, with or without
+        // compression.
         for compression in [Compression::None, Compression::Brotli] {
             let mut session = SyncSession::open(&setup.device).await.unwrap();
             let options = PullOptions {
@@ -1103,7 +1104,10 @@ async fn failed_pull_keeps_the_existing_file() {
                 .await
                 .unwrap_err();
             let message = transfer_messages(error).join("\n");
-            assert!(message.contains("Is a directory"), "{message}");
+            assert!(
+                message.contains("not a regular file or device (a directory)"),
+                "{message}"
+            );
         }
         assert_eq!(fs::read(&local).unwrap(), b"old content", "{mode:?}");
         assert!(

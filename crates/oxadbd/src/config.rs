@@ -722,6 +722,8 @@ impl DaemonConfig {
             banner.properties.push((key.to_string(), value));
         }
         banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
+        // services/sync/pull.rs refuses what it cannot stream before opening it.
+        banner.features.push(feature::OXADB_RECV_AHEAD.to_string());
         banner
     }
 

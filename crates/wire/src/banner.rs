@@ -18,6 +18,11 @@ pub mod feature {
     pub const SENDRECV_V2_ZSTD: &str = "sendrecv_v2_zstd";
     pub const SENDRECV_V2_DRY_RUN_SEND: &str = "sendrecv_v2_dry_run_send";
     pub const DELAYED_ACK: &str = "delayed_ack";
+    /// oxadbd's own: a `RECV` of anything but a regular file or a device
+    /// fails at once, so a host may send it before the `STAT` reply that
+    /// tells it what the path is (docs/protocol.md, "Pulls in two round
+    /// trips"). Against AOSP's adbd that would block on a FIFO.
+    pub const OXADB_RECV_AHEAD: &str = "oxadb_recv_ahead";
 
     /// What oxadb implements on both sides, besides `delayed_ack` (which is a
     /// per-connection choice): shell protocol v2 and the whole sync protocol.

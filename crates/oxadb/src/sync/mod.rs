@@ -150,6 +150,9 @@ pub struct SyncFeatures {
     pub zstd: bool,
     /// `SND2` accepts the dry-run flag.
     pub dry_run_send: bool,
+    /// A `RECV` may go before the `STAT` reply (oxadbd's `oxadb_recv_ahead`):
+    /// pulls then wait one round trip less.
+    pub recv_ahead: bool,
 }
 
 impl SyncFeatures {
@@ -163,6 +166,7 @@ impl SyncFeatures {
             lz4: device.has_feature(feature::SENDRECV_V2_LZ4),
             zstd: device.has_feature(feature::SENDRECV_V2_ZSTD),
             dry_run_send: device.has_feature(feature::SENDRECV_V2_DRY_RUN_SEND),
+            recv_ahead: device.has_feature(feature::OXADB_RECV_AHEAD),
         }
     }
 
@@ -562,6 +566,7 @@ mod tests {
             lz4: true,
             zstd: true,
             dry_run_send: true,
+            recv_ahead: true,
         };
         assert_eq!(all.resolve(Compression::Any), wire::Compression::Zstd);
         let no_zstd = SyncFeatures { zstd: false, ..all };

@@ -114,7 +114,20 @@ pub async fn pull(
     for source in sources {
         let remote = source.as_bytes();
         let source_started = Instant::now();
-        let stat = match puller.session().await?.stat_follow(remote).await {
+        let compression = puller.compression;
+        let stat = puller
+            .session()
+            .await?
+            .stat_with_recv_ahead(remote, compression)
+            .await;
+        // A RECV that went ahead of the STAT reply is wanted only for a
+        // file pulled next.
+        if !matches!(&stat, Ok(Ok(stat)) if !stat.is_dir() && pullable(stat)) {
+            if let Some(session) = puller.session.as_mut() {
+                session.drop_recv_ahead();
+            }
+        }
+        let stat = match stat {
             Ok(Ok(stat)) => stat,
             Ok(Err(failure)) => {
                 tally.fail(if failure == super::session::StatFailure::Unknown {

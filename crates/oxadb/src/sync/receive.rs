@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::local::{commit_attributes, PulledAttributes};
-use super::session::SyncSession;
+use super::session::{StatReply, SyncSession};
 use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
 use crate::error::{Error, Result};
 use oxadb_transfer::{Chunk, ChunkReader, DestError, Destination, Policy, ReceiveError, Step};
@@ -50,6 +50,58 @@ impl SyncSession {
         })
     }
 
+    /// `remote`'s metadata, symlinks followed, with the `RECV` of it in the
+    /// same write when the device refuses at once a `RECV` of anything it
+    /// cannot stream (oxadbd's `oxadb_recv_ahead`): a file's data then
+    /// follows the reply without another round trip (docs/protocol.md,
+    /// "Pulls in two round trips"). The caller pulls `remote` next with
+    /// the same `compression` or calls [`SyncSession::drop_recv_ahead`].
+    pub(crate) async fn stat_with_recv_ahead(
+        &mut self,
+        remote: &[u8],
+        compression: wire::Compression,
+    ) -> Result<StatReply> {
+        if !(self.features.recv_ahead && self.features.stat_v2) {
+            return self.stat_follow(remote).await;
+        }
+        self.settle().await?;
+        let mut requests = self.request(wire::ID_STAT_V2, remote)?;
+        let (recv, _) = self.recv_request(|id| self.request(id, remote), compression)?;
+        requests.extend_from_slice(&recv);
+        self.write(&requests).await?;
+        self.recv_ahead = Some(remote.to_vec());
+        self.read_stat_reply(wire::ID_STAT_V2, remote).await
+    }
+
+    /// Gives up a `RECV` sent ahead for a path that is not pulled after all
+    /// (a directory, a special file, a failed `STAT`): the device ends its
+    /// sync service with the `FAIL` it answers, so this session ends too
+    /// and the next request opens another.
+    pub(crate) fn drop_recv_ahead(&mut self) {
+        if self.recv_ahead.take().is_some() {
+            self.end("a RECV sent ahead of its STAT reply was not needed");
+        }
+    }
+
+    /// `RCV2` and its setup frame when the device has it, else `RECV`, with
+    /// the compression that then applies; `path_request` frames the path.
+    fn recv_request(
+        &self,
+        path_request: impl FnOnce(u32) -> Result<Vec<u8>>,
+        compression: wire::Compression,
+    ) -> Result<(Vec<u8>, wire::Compression)> {
+        if !self.features.sendrecv_v2 {
+            return Ok((path_request(wire::ID_RECV_V1)?, wire::Compression::None));
+        }
+        let mut request = path_request(wire::ID_RECV_V2)?;
+        let setup = wire::RecvV2Setup {
+            id: wire::ID_RECV_V2,
+            flags: compression.flag(),
+        };
+        request.extend_from_slice(&setup.encode());
+        Ok((request, compression))
+    }
+
     pub(super) async fn receive_inner(
         &mut self,
         remote: &[u8],
@@ -59,21 +111,23 @@ impl SyncSession {
         attributes: Option<PulledAttributes>,
         progress: &mut dyn Progress,
     ) -> Result<u64> {
-        let request = if self.features.sendrecv_v2 {
-            let mut request = self.path_request(wire::ID_RECV_V2, remote, local, remote)?;
-            let setup = wire::RecvV2Setup {
-                id: wire::ID_RECV_V2,
-                flags: compression.flag(),
-            };
-            request.extend_from_slice(&setup.encode());
-            request
-        } else {
-            self.path_request(wire::ID_RECV_V1, remote, local, remote)?
-        };
-        let compression = if self.features.sendrecv_v2 {
-            compression
-        } else {
-            wire::Compression::None
+        let (request, compression) = self.recv_request(
+            |id| self.path_request(id, remote, local, remote),
+            compression,
+        )?;
+        let sent_ahead = match self.recv_ahead.take() {
+            None => false,
+            Some(ahead) if ahead == remote => true,
+            Some(ahead) => {
+                // Its reply would be read as this pull's.
+                self.end("a RECV sent ahead was followed by another pull");
+                return Err(Error::Protocol(format!(
+                    "{}: pulling '{}' while the RECV of '{}' was on its way",
+                    self.serial,
+                    show(remote),
+                    show(&ahead)
+                )));
+            }
         };
 
         let target_path = local.to_path_buf();
@@ -98,11 +152,23 @@ impl SyncSession {
                 local.display(),
                 describe_io(&e.error)
             ))
-        })?;
-        if let Err(error) = self.stream.write_all(&request).await {
-            // Dropping the destination discards its temporary file.
-            drop(target);
-            return Err(self.stream_error(&error));
+        });
+        let target = match target {
+            Ok(target) => target,
+            Err(error) => {
+                if sent_ahead {
+                    // The file's data is on its way with nowhere to go.
+                    self.end("a pull's destination failed while its data was on the way");
+                }
+                return Err(error);
+            }
+        };
+        if !sent_ahead {
+            if let Err(error) = self.stream.write_all(&request).await {
+                // Dropping the destination discards its temporary file.
+                drop(target);
+                return Err(self.stream_error(&error));
+            }
         }
 
         let written = Arc::new(AtomicU64::new(0));

@@ -94,6 +94,9 @@ pub struct SyncSession {
     pub(super) unacked: VecDeque<Unacked>,
     /// Why the service can't be used any more, once it can't.
     pub(super) ended: Option<String>,
+    /// The remote path of a `RECV` sent ahead of the `STAT` reply it
+    /// depended on: its reply comes next on the stream (`receive.rs`).
+    pub(super) recv_ahead: Option<Vec<u8>>,
     /// What happened to the file ranges of this session's pushes.
     pub(super) ranges: std::sync::Arc<oxadb_wire::RangeCounters>,
 }
@@ -115,6 +118,7 @@ impl SyncSession {
             inbox: Inbox::new(),
             unacked: VecDeque::new(),
             ended: None,
+            recv_ahead: None,
             ranges: Default::default(),
         })
     }
@@ -137,7 +141,6 @@ impl SyncSession {
         }
     }
 
-    /// The protocol extensions this session uses.
     /// The session in `slot`, or a new one when there is none or the device
     /// ended it (a failed transfer ends adbd's sync service).
     pub(crate) async fn reuse_or_open<'a>(
@@ -152,6 +155,7 @@ impl SyncSession {
         Ok(slot.as_mut().expect("a session"))
     }
 
+    /// The protocol extensions this session uses.
     pub fn features(&self) -> SyncFeatures {
         self.features
     }
@@ -415,7 +419,7 @@ impl SyncSession {
         Ok(replies)
     }
 
-    async fn read_stat_reply(&mut self, id: u32, path: &[u8]) -> Result<StatReply> {
+    pub(super) async fn read_stat_reply(&mut self, id: u32, path: &[u8]) -> Result<StatReply> {
         if id == wire::ID_LSTAT_V1 {
             let bytes = self.read_vec(wire::STAT_V1_LEN).await?;
             let (reply_id, stat) = wire::StatV1::parse(&bytes).expect("a full reply");

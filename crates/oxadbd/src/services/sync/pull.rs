@@ -20,6 +20,26 @@ use super::{Conn, Flow, SyncError, TransferFailure};
 /// `Framing::DAEMON` sizes them).
 const PULL_QUEUE_DEPTH: usize = Framing::DAEMON.queue_depth;
 
+/// What `path` (symlinks followed) is when a `RECV` of it must fail before
+/// it is opened: opening a FIFO blocks until something writes to it, and a
+/// directory or socket has no bytes to stream. adb skips these after its
+/// `STAT`; oxadb may ask before its `STAT` reply is back (the
+/// `oxadb_recv_ahead` feature). A path that does not resolve is left to the
+/// open, whose error names the cause.
+async fn unstreamable(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = tokio::fs::metadata(path).await.ok()?.file_type();
+    if kind.is_dir() {
+        Some("a directory")
+    } else if kind.is_fifo() {
+        Some("a FIFO")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else {
+        None
+    }
+}
+
 impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
     // ----- RECV, RCV2 -----
 
@@ -48,6 +68,14 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
         path: PathBuf,
         compression: Compression,
     ) -> Result<Flow, SyncError> {
+        if let Some(kind) = unstreamable(&path).await {
+            self.fail(&format!(
+                "couldn't read '{}': not a regular file or device ({kind})",
+                path.display()
+            ))
+            .await?;
+            return Ok(Flow::End);
+        }
         if compression == Compression::None
             && oxadb_transfer::zero_copy_enabled()
             && self.stream.takes_file_ranges()

@@ -1029,7 +1029,36 @@ async fn recv_missing_file_fails_naming_path() {
         .pull(dir.path(), Some(wire::SYNC_FLAG_ZSTD))
         .await
         .unwrap_err();
-    assert!(err.contains("Is a directory") && err.contains(&dir.path().display().to_string()));
+    assert_eq!(
+        err,
+        format!(
+            "couldn't read '{}': not a regular file or device (a directory)",
+            dir.path().display()
+        )
+    );
+    client.finished().await.unwrap();
+}
+
+/// A RECV of a FIFO fails at once instead of waiting for a writer (a host
+/// may send it before its STAT reply: the `oxadb_recv_ahead` feature).
+#[tokio::test]
+async fn recv_of_a_fifo_fails_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c_path = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let mut client = Client::start();
+    let err = tokio::time::timeout(std::time::Duration::from_secs(10), client.pull(&fifo, None))
+        .await
+        .expect("RECV of a FIFO blocked")
+        .unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "couldn't read '{}': not a regular file or device (a FIFO)",
+            fifo.display()
+        )
+    );
     client.finished().await.unwrap();
 }
 

@@ -211,6 +211,17 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
     /// Sends `FAIL` with `message` (which names the path and the cause) and flushes it.
     async fn fail(&mut self, message: &str) -> Result<(), SyncError> {
         warn!("sync: FAIL: {message}");
+        self.send_fail(message).await
+    }
+
+    /// As [`Conn::fail`] for a refusal a host may expect (a RECV sent ahead
+    /// of its STAT reply, for a directory: `pull.rs`), logged at debug.
+    async fn refuse(&mut self, message: &str) -> Result<(), SyncError> {
+        debug!("sync: FAIL (expected): {message}");
+        self.send_fail(message).await
+    }
+
+    async fn send_fail(&mut self, message: &str) -> Result<(), SyncError> {
         self.send(&wire::encode_fail(message)).await?;
         self.stream.flush().await?;
         Ok(())

@@ -69,7 +69,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
         compression: Compression,
     ) -> Result<Flow, SyncError> {
         if let Some(kind) = unstreamable(&path).await {
-            self.fail(&format!(
+            self.refuse(&format!(
                 "couldn't read '{}': not a regular file or device ({kind})",
                 path.display()
             ))

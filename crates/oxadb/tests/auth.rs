@@ -3,30 +3,20 @@
 //! public key once the signature is refused, and a clear "unauthorized" error
 //! when the device never accepts.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use oxadb_auth::PrivateKey;
-use oxadb_wire::{Banner, Command as Cmd, Header, Packet, HEADER_LEN, MAX_PAYLOAD};
+use oxadb_wire::{Banner, Command as Cmd, Packet, MAX_PAYLOAD};
+
+mod scripted;
+use scripted::{read_packet, send};
 
 const AUTH_TOKEN: u32 = 1;
 const AUTH_SIGNATURE: u32 = 2;
 const AUTH_RSAPUBLICKEY: u32 = 3;
-
-fn read_packet(socket: &mut TcpStream) -> Packet {
-    let mut raw = [0u8; HEADER_LEN];
-    socket.read_exact(&mut raw).unwrap();
-    let header = Header::decode(&raw, MAX_PAYLOAD).unwrap();
-    let mut payload = vec![0u8; header.data_length as usize];
-    socket.read_exact(&mut payload).unwrap();
-    Packet::new(header.command, header.arg0, header.arg1, payload)
-}
-
-fn send(socket: &mut TcpStream, packet: Packet) {
-    socket.write_all(&packet.to_bytes(false)).unwrap();
-}
 
 fn token(seed: u8) -> Vec<u8> {
     (0..20)

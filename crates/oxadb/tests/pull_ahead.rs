@@ -3,28 +3,18 @@
 //! (one round trip less, docs/protocol.md "Pulls in two round trips");
 //! without it, only after the reply, as adb does.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 
 use oxadb_wire::sync::{self as wire, StatV2, SyncHeader};
-use oxadb_wire::{Banner, Command as Cmd, Header, Packet, HEADER_LEN, MAX_PAYLOAD};
+use oxadb_wire::{Banner, Command as Cmd, Packet, MAX_PAYLOAD};
+
+mod scripted;
+use scripted::{read_packet, send};
 
 const DEVICE_ID: u32 = 7;
 const CONTENT: &[u8] = b"hello";
-
-fn read_packet(socket: &mut TcpStream) -> Packet {
-    let mut raw = [0u8; HEADER_LEN];
-    socket.read_exact(&mut raw).unwrap();
-    let header = Header::decode(&raw, MAX_PAYLOAD).unwrap();
-    let mut payload = vec![0u8; header.data_length as usize];
-    socket.read_exact(&mut payload).unwrap();
-    Packet::new(header.command, header.arg0, header.arg1, payload)
-}
-
-fn send(socket: &mut TcpStream, packet: Packet) {
-    socket.write_all(&packet.to_bytes(false)).unwrap();
-}
 
 /// The next WRTE's payload and how many OKAYs came before it.
 fn next_write(socket: &mut TcpStream) -> (Vec<u8>, usize) {

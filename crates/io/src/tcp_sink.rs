@@ -1,5 +1,7 @@
-//! Packets to a TCP socket, keeping its send buffer full (`refill`: a
-//! full socket is retried on a timer as well as on readiness).
+//! Packets to a TCP socket, keeping its send buffer as full as the path
+//! needs (`refill`: retried on a timer as well as on readiness where the
+//! buffer is small against the path, queued no deeper than it needs where
+//! the buffer is large).
 
 use std::io::{self, IoSlice};
 use std::os::fd::BorrowedFd;

@@ -72,8 +72,13 @@ impl Refill {
         let socket = socket.as_ref();
         loop {
             let cap = self.plan.cap(socket.as_fd());
-            if let Some(queued) = cap.and_then(|cap| queued(socket.as_fd()).filter(|&q| q >= cap)) {
-                if self.queued_at_last_wait.is_some_and(|last| queued >= last) {
+            let over_cap = cap.and_then(|cap| queued(socket.as_fd()).filter(|&q| q >= cap));
+            // A queue that stopped draining may be a dead connection: only a
+            // write (or readiness) reports its error, so stop waiting then.
+            let stuck = over_cap
+                .is_some_and(|queued| self.queued_at_last_wait.is_some_and(|last| queued >= last));
+            if let Some(queued) = over_cap.filter(|_| !stuck || connected(socket.as_fd())) {
+                if stuck {
                     self.retry = (self.retry * 2).min(LAST_RETRY);
                 }
                 self.queued_at_last_wait = Some(queued);
@@ -256,6 +261,25 @@ fn needs_early_refill(send_buffer: u64, bdp: u64) -> bool {
 /// The path's rate and round trip from `TCP_INFO`; `None` off TCP or on a
 /// kernel older than 4.10.
 fn path(socket: BorrowedFd<'_>) -> Option<Path> {
+    let info = tcp_info(socket)?;
+    Some(Path {
+        rate: info.tcpi_delivery_rate,
+        min_rtt: Duration::from_micros(u64::from(info.tcpi_min_rtt)),
+    })
+}
+
+/// Whether the connection can still carry data: established, or closed by
+/// the peer only for its own direction. Not after the kernel gave up on it
+/// (`TCP_USER_TIMEOUT`, keepalive, a reset).
+fn connected(socket: BorrowedFd<'_>) -> bool {
+    const TCP_ESTABLISHED: u8 = 1;
+    const TCP_CLOSE_WAIT: u8 = 8;
+    tcp_info(socket)
+        .is_some_and(|info| info.tcpi_state == TCP_ESTABLISHED || info.tcpi_state == TCP_CLOSE_WAIT)
+}
+
+/// `TCP_INFO`, if the kernel fills it up to `tcpi_delivery_rate`.
+fn tcp_info(socket: BorrowedFd<'_>) -> Option<libc::tcp_info> {
     let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
     let mut length = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: `info` is a zeroed tcp_info of `length` bytes that the kernel
@@ -275,11 +299,7 @@ fn path(socket: BorrowedFd<'_>) -> Option<Path> {
         return None;
     }
     // SAFETY: zero-initialised, and the kernel wrote at least the fields read.
-    let info = unsafe { info.assume_init() };
-    Some(Path {
-        rate: info.tcpi_delivery_rate,
-        min_rtt: Duration::from_micros(u64::from(info.tcpi_min_rtt)),
-    })
+    Some(unsafe { info.assume_init() })
 }
 
 /// Bytes queued in the socket and not yet acknowledged (`SIOCOUTQ`).
@@ -374,7 +394,7 @@ mod tests {
     }
 
     #[test]
-    fn a_connected_tcp_socket_reports_its_path_and_queue() {
+    fn a_tcp_socket_reports_its_path_queue_and_state() {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -389,11 +409,20 @@ mod tests {
             let measured = super::path(client.as_fd()).unwrap();
             if measured.rate > 0 && queued(client.as_fd()) == Some(0) {
                 assert!(measured.min_rtt < Duration::from_millis(100));
+                assert!(connected(client.as_fd()));
                 // One sample says nothing of whether the rate still grows.
                 assert!(MeasuredPlan::default().readiness_starves(client.as_fd()));
                 break;
             }
             assert!(Instant::now() < deadline, "no TCP_INFO rate sample");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A peer's reset ends the connection: a writer waiting for the queue
+        // to drain must then stop waiting and write, to see the error.
+        rustix::net::sockopt::set_socket_linger(&server, Some(Duration::ZERO)).unwrap();
+        drop(server);
+        while connected(client.as_fd()) {
+            assert!(Instant::now() < deadline, "the reset was not seen");
             std::thread::sleep(Duration::from_millis(10));
         }
     }

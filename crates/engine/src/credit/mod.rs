@@ -78,7 +78,8 @@ pub enum CreditPolicy {
     Aosp,
     /// A window that starts at two packets and grows to three times the
     /// measured consumption rate times the round trip, never above
-    /// `max_window`; OKAYs smaller than a packet are coalesced unless they
+    /// `max_window` (or settles below a packet where one covers the round
+    /// trip); OKAYs smaller than a packet are coalesced unless they
     /// unblock the sender or at least double its usable credit
     /// (`docs/flow-control.md`).
     Adaptive { max_window: u32 },

@@ -147,20 +147,26 @@ struct MeasuredPlan {
 impl MeasuredPlan {
     /// The cap on queued bytes, if the plan has one.
     fn cap(&mut self, socket: BorrowedFd<'_>) -> Option<u64> {
-        let plan = match self.measured {
-            Some((at, plan)) if at.elapsed() < REMEASURE => plan,
-            _ => self.measure(socket),
-        };
-        match plan {
+        match self.current(socket) {
             Plan::OnReadiness { cap } => cap,
             Plan::Early => None,
         }
     }
 
     /// Whether waking only at the kernel's one-third mark would starve this
-    /// connection; measures the path afresh.
+    /// connection.
     fn readiness_starves(&mut self, socket: BorrowedFd<'_>) -> bool {
-        self.measure(socket) == Plan::Early
+        self.current(socket) == Plan::Early
+    }
+
+    /// The plan, measured again once it is [`REMEASURE`] old: measuring on
+    /// every full socket as well fed the full-pipe test and the median many
+    /// samples a millisecond apart, where they should span round trips.
+    fn current(&mut self, socket: BorrowedFd<'_>) -> Plan {
+        match self.measured {
+            Some((at, plan)) if at.elapsed() < REMEASURE => plan,
+            _ => self.measure(socket),
+        }
     }
 
     fn measure(&mut self, socket: BorrowedFd<'_>) -> Plan {

@@ -6,6 +6,7 @@
 pub mod budget;
 pub mod connection;
 pub mod credit;
+pub mod recent_samples;
 pub mod send_queue;
 
 pub use budget::{BudgetLimits, Holding, MemoryBudget, Pressure, MIN_PACKET};
@@ -15,6 +16,7 @@ pub use connection::{
     DEFAULT_MAX_STREAMS, STLS_VERSION,
 };
 pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT, MAX_ADAPTIVE_WINDOW};
+pub use recent_samples::RecentSamples;
 
 #[cfg(test)]
 mod tests;

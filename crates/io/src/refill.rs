@@ -27,6 +27,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
+use oxadb_engine::RecentSamples;
 use tokio::io::Interest;
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -205,8 +206,8 @@ struct FullRate {
     round_started: Option<Instant>,
     /// Rounds in a row without a quarter's growth.
     flat_rounds: u32,
-    /// The last [`RECENT_SAMPLES`] samples, oldest first.
-    recent: std::collections::VecDeque<u64>,
+    /// The last [`RECENT_SAMPLES`] samples.
+    recent: RecentSamples<RECENT_SAMPLES>,
 }
 
 /// Samples the rate handed to the plan is the median of. Single samples
@@ -219,10 +220,7 @@ impl FullRate {
     /// Takes a sample; once the rate stopped growing, returns the rate it
     /// stopped at (the peak) and the median of the recent samples.
     fn sample(&mut self, rate: u64, min_rtt: Duration, now: Instant) -> Option<(u64, u64)> {
-        if self.recent.len() == RECENT_SAMPLES {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(rate);
+        self.recent.push(rate);
         self.round_max = self.round_max.max(rate);
         let started = *self.round_started.get_or_insert(now);
         if now.duration_since(started) >= min_rtt && self.round_max > 0 {
@@ -236,9 +234,8 @@ impl FullRate {
             self.round_started = Some(now);
         }
         (self.flat_rounds >= 3).then(|| {
-            let mut sorted: Vec<u64> = self.recent.iter().copied().collect();
-            sorted.sort_unstable();
-            (self.full, sorted[sorted.len() / 2])
+            let typical = self.recent.median().expect("a sample was just kept");
+            (self.full, typical)
         })
     }
 }

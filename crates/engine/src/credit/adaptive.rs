@@ -2,7 +2,6 @@
 //! and round trip, with headroom for clumped deliveries, drawn from the
 //! process's memory budget (`docs/flow-control.md`, "Adaptive credit").
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::headroom::AckHeadroom;
@@ -10,6 +9,7 @@ use super::slow_start::SlowStart;
 use super::stall::StallTracker;
 use super::{admit_within, push_okays, Counts, ReceivePolicy};
 use crate::budget::{MemoryBudget, Pressure};
+use crate::recent_samples::RecentSamples;
 
 /// How an adaptive window is set up (see [`RecvCredit::adaptive`]).
 #[derive(Debug, Clone)]
@@ -63,8 +63,8 @@ pub struct AdaptiveWindow {
     stalls: StallTracker,
     /// The ramp while the rate grows (see [`SlowStart`]).
     ramp: SlowStart,
-    /// The last [`RECENT_RATE_SAMPLES`] consumption rates, newest last.
-    recent_rates: VecDeque<u64>,
+    /// The last [`RECENT_RATE_SAMPLES`] consumption rates.
+    recent_rates: RecentSamples<RECENT_RATE_SAMPLES>,
     /// The largest packet the sender has sent.
     largest_packet: u64,
     /// Whether the ramp or a consumer stall ever grew the window: the path
@@ -153,7 +153,7 @@ impl AdaptiveWindow {
                 ..StallTracker::default()
             },
             ramp: SlowStart::new(params.slow_start, now_ns),
-            recent_rates: VecDeque::with_capacity(RECENT_RATE_SAMPLES),
+            recent_rates: RecentSamples::default(),
             largest_packet: 0,
             grown_for_path: false,
         }
@@ -419,10 +419,7 @@ impl AdaptiveWindow {
         self.rate = (moved as u128 * 1_000_000_000 / elapsed as u128) as u64;
         self.rate_mark = (now_ns, consumed, received);
         self.ramp.on_rate(self.rate);
-        if self.recent_rates.len() == RECENT_RATE_SAMPLES {
-            self.recent_rates.pop_front();
-        }
-        self.recent_rates.push_back(self.rate);
+        self.recent_rates.push(self.rate);
         if self.settle_within_a_packet(rtt) {
             return;
         }
@@ -451,9 +448,7 @@ impl AdaptiveWindow {
         {
             return false;
         }
-        let mut rates: Vec<u64> = self.recent_rates.iter().copied().collect();
-        rates.sort_unstable();
-        let typical_rate = rates[rates.len() / 2];
+        let typical_rate = self.recent_rates.median().unwrap_or(0);
         let covers = (typical_rate as u128 * rtt_ns as u128 / 1_000_000_000) as u64;
         if covers >= self.largest_packet {
             return false;
@@ -1019,19 +1014,18 @@ mod tests {
         );
     }
 
-    /// Loopback's numbers: 983,160-byte packets, a 150 us round trip, a
-    /// consumer that takes each packet as it lands, 4 GB/s.
-    fn loopback_like(credit: &mut RecvCredit, from_ns: u64, packets: u64) -> u64 {
+    /// `packets` of the daemon's 983,160-byte pull payloads arriving at
+    /// `rate` bytes a second after `from_ns`, each consumed as it lands.
+    fn packets_at_rate(credit: &mut RecvCredit, from_ns: u64, packets: u64, rate: u64) {
         let packet = 983_160u64;
         let mut now = from_ns;
         for _ in 0..packets {
-            now += packet * 1_000_000_000 / 4_000_000_000;
+            now += packet * 1_000_000_000 / rate;
             credit.on_received(packet as usize, now);
             credit.on_consumed(packet as usize, now);
             let mut out = Vec::new();
             credit.take_okays(&mut out, now);
         }
-        now
     }
 
     #[test]
@@ -1039,7 +1033,8 @@ mod tests {
         let mut credit = adaptive_with_packet(2 << 20, 64 << 20, 1 << 20);
         credit.start_rtt_probe(0);
         credit.end_rtt_probe(150_000);
-        loopback_like(&mut credit, 150_000, 200);
+        // Loopback's numbers: a 150 us round trip, 4 GB/s.
+        packets_at_rate(&mut credit, 150_000, 200, 4_000_000_000);
         let window = credit.window().unwrap();
         // 4 GB/s x 150 us = 600 KB, under one packet: not the two it opened with.
         assert!(
@@ -1055,13 +1050,7 @@ mod tests {
         let mut credit = adaptive_with_packet(2 << 20, 64 << 20, 1 << 20);
         credit.start_rtt_probe(0);
         credit.end_rtt_probe(10 * MS);
-        let packet = 983_160u64;
-        let mut now = 10 * MS;
-        for _ in 0..100 {
-            now += packet * 1000 / 50;
-            credit.on_received(packet as usize, now);
-            credit.on_consumed(packet as usize, now);
-        }
+        packets_at_rate(&mut credit, 10 * MS, 100, 50_000_000);
         assert_eq!(credit.rate(), Some(50_000_000));
         assert_eq!(credit.window(), Some(2 << 20), "the opening window stays");
     }

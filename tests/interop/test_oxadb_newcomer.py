@@ -45,7 +45,8 @@ import pytest
 from adbproto import A_CLSE, A_CNXN, A_OKAY, A_OPEN, A_VERSION, A_WRTE, HEADER, MAX_PAYLOAD, packet
 from harness import ANSI, REPO, clean_env, free_port, resolve_oxadb, write_random
 
-TUNING_FLAGS = ("--no-burst", "--credit", "--memory-budget", "--no-ack-headroom", "--zero-copy")
+TUNING_FLAGS = ("--no-burst", "--credit", "--memory-budget", "--no-ack-headroom", "--zero-copy",
+                "--no-zero-copy")
 
 
 def oxadb(home: Path, *args: str, timeout: float = 60, prefix: tuple[str, ...] = (),
@@ -319,6 +320,8 @@ def test_tuning_flags_work_before_the_command(fresh_daemon, home):
     assert cp.returncode == 0 and b"burst mode (delayed_ack): off" in cp.stderr, cp
     cp = oxadb(home, "--credit", "aosp", "--memory-budget", "16M", "--no-ack-headroom",
                "--zero-copy", "-s", d.serial, "features")
+    assert cp.returncode == 0 and b"burst mode (delayed_ack): on" in cp.stderr, cp
+    cp = oxadb(home, "--no-zero-copy", "-s", d.serial, "features")
     assert cp.returncode == 0 and b"burst mode (delayed_ack): on" in cp.stderr, cp
 
 

@@ -125,10 +125,12 @@ struct AdbLoopback {
     oxadb: PathBuf,
     /// Clients to measure, comma-separated: adb, oxadb (burst mode with the
     /// adaptive window), oxadb-aosp (burst mode with AOSP's fixed 32 MiB
-    /// credit), oxadb-classic; an oxadb client with `-zc` appended
-    /// (`oxadb-zc`) takes the zero-copy path on both ends (`oxadb
-    /// --zero-copy` against a second daemon started with `--zero-copy`),
-    /// so the zero-copy path and the copying one are compared in one run.
+    /// credit), oxadb-classic. The host pushes by sendfile by default; an
+    /// oxadb client with `-copy` appended (`oxadb-copy`) pushes by reading
+    /// the file (`--no-zero-copy`; its push row only), and one with `-zc`
+    /// (`oxadb-zc`) takes the zero-copy path on both ends (against a
+    /// second daemon started with `--zero-copy`, whose pulls then go by
+    /// sendfile too), so the paths are compared in one run.
     #[arg(long, value_delimiter = ',', default_value = "adb,oxadb,oxadb-classic")]
     clients: Vec<String>,
     /// A tmpfs directory for the data (the pull destination must be tmpfs).
@@ -505,6 +507,14 @@ fn adb_server_pid(port: u16) -> Option<u32> {
         })
 }
 
+/// A client name without its `-zc` or `-copy` suffix.
+fn client_base(client: &str) -> &str {
+    client
+        .strip_suffix("-zc")
+        .or_else(|| client.strip_suffix("-copy"))
+        .unwrap_or(client)
+}
+
 /// What one row of `adb-loopback` measures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Transfer {
@@ -574,12 +584,12 @@ fn start_daemon(oxadbd: &Path, port: u16, args: &[String], log: &Path) -> Result
 fn adb_loopback(args: AdbLoopback) -> Result<()> {
     ensure!(args.runs >= 1, "--runs must be at least 1");
     for client in &args.clients {
-        let base = client.strip_suffix("-zc").unwrap_or(client);
+        let base = client_base(client);
         ensure!(
             ["adb", "oxadb", "oxadb-aosp", "oxadb-classic"].contains(&base)
                 && !(base == "adb" && base != client),
             "unknown client {client:?}: expected adb, oxadb, oxadb-aosp or oxadb-classic, \
-             the oxadb ones optionally with -zc"
+             the oxadb ones optionally with -zc or -copy"
         );
     }
     let uses_adb = args.clients.iter().any(|c| c == "adb");
@@ -645,6 +655,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     for client in &args.clients {
         let kinds: &[Kind] = if client == "adb" {
             &[Kind::Push, Kind::Pull]
+        } else if client.ends_with("-copy") {
+            // The host's copying push; its pulls are the plain client's.
+            &[Kind::Push]
         } else {
             &[Kind::Push, Kind::Pull, Kind::PullToDevice]
         };
@@ -693,7 +706,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                 }
                 Transfer::Client { client, kind } => {
                     let zero_copy = client.ends_with("-zc");
-                    let base = client.strip_suffix("-zc").unwrap_or(client);
+                    let base = client_base(client);
                     let daemon_pid = if zero_copy {
                         zero_copy_pid.expect("a zero-copy daemon")
                     } else {
@@ -717,6 +730,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         }
                         if zero_copy {
                             command.arg("--zero-copy");
+                        }
+                        if client.ends_with("-copy") {
+                            command.arg("--no-zero-copy");
                         }
                         command
                     };

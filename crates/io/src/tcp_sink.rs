@@ -88,12 +88,7 @@ fn write_once(
                     Some(&mut offset),
                     range.len - skip,
                 ) {
-                    Ok(0) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "file shrank while sent",
-                        ))
-                    }
+                    Ok(0) => return Err(range.file.shrank(range.offset + range.len as u64)),
                     Ok(n) => {
                         range.file.note_sent(n as u64);
                         counts.by_sendfile += n as u64;
@@ -409,5 +404,42 @@ mod tests {
             (1, 0, expected.len() as u64, 1),
             "(files, by sendfile, read, fallbacks)"
         );
+    }
+    /// A file that ends before a range already framed cannot fill the
+    /// packet's length: both writers fail, and the error names the file and
+    /// the byte the range needed.
+    #[tokio::test]
+    async fn a_file_that_shrank_under_its_ranges_fails_naming_it() {
+        let file = scratch_file(64 * 1024);
+        file.set_len(1000).unwrap();
+        let range = |shared: &Arc<SendFile>| {
+            vec![OutgoingPacket {
+                header: [3; HEADER_LEN],
+                payload: Part::File(FileRange {
+                    file: shared.clone(),
+                    offset: 0,
+                    len: 64 * 1024,
+                })
+                .into(),
+            }]
+        };
+        let name = Some("/data/rotated.log".to_string());
+        let shared = SendFile::named(file, name, Arc::default());
+        for by_sendfile in [true, false] {
+            let (writer, _reader) = pair().await;
+            let mut batch = range(&shared);
+            let error = if by_sendfile {
+                TcpSink::new(writer).write_packets(&mut batch).await
+            } else {
+                StreamSink(writer).write_packets(&mut batch).await
+            }
+            .expect_err("a range past the end of the file was sent");
+            let message = error.to_string();
+            assert!(
+                message.contains("'/data/rotated.log' shrank while being sent")
+                    && message.contains("before byte 65536"),
+                "by sendfile {by_sendfile}: {message}"
+            );
+        }
     }
 }

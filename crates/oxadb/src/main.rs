@@ -19,7 +19,7 @@ const TUNING: &str = "Tuning (before the command)";
 #[command(
     version,
     about,
-    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 1 to push files with sendfile (like --zero-copy)\n  OXADB_PEER_TIMEOUT  seconds a silent TCP device is given (like --peer-timeout)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 0 to push files by reading them (like --no-zero-copy); sendfile is the default over TCP\n  OXADB_PEER_TIMEOUT  seconds a silent TCP device is given (like --peer-timeout)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -32,11 +32,14 @@ struct Args {
     /// device supports burst mode; for comparisons.
     #[arg(long, conflicts_with = "credit", help_heading = TUNING)]
     no_burst: bool,
-    /// Push files with `sendfile` instead of reading them into buffers (the
-    /// same as OXADB_ZERO_COPY=1); off by default, as on loopback it saved
-    /// no CPU (docs/benchmarks.md).
-    #[arg(long, help_heading = TUNING)]
+    /// Push files with `sendfile` over TCP, the default (OXADB_ZERO_COPY=1):
+    /// the file's data never passes through oxadb's memory.
+    #[arg(long, conflicts_with = "no_zero_copy", help_heading = TUNING)]
     zero_copy: bool,
+    /// Push files by reading them into buffers, as over USB and TLS (the
+    /// same as OXADB_ZERO_COPY=0).
+    #[arg(long, help_heading = TUNING)]
+    no_zero_copy: bool,
     /// How far a pulled file reaches storage before pull reports it: full
     /// (fsync the file, rename it into place, fsync its directory), rename
     /// (fsync the file before the rename; the rename may be lost in a power
@@ -352,9 +355,13 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         keygen(file)?;
         return Ok(0);
     }
-    if args.zero_copy {
-        oxadb_transfer::enable_zero_copy();
-    }
+    // Pushes by sendfile unless told otherwise: 1.2 times the copying push
+    // on loopback, less CPU on any link (docs/benchmarks.md, "Zero-copy sends").
+    oxadb_transfer::set_zero_copy(if args.no_zero_copy {
+        false
+    } else {
+        args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(true)
+    });
     if let Some(durability) = args.durability {
         oxadb_transfer::set_durability(durability);
     }

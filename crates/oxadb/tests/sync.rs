@@ -312,7 +312,7 @@ async fn push_and_pull_8_mib_random_file() {
 /// of this binary may then take the same path, which must be as correct.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_copy_round_trips_at_frame_and_packet_edges() {
-    oxadb_transfer::enable_zero_copy();
+    oxadb_transfer::set_zero_copy(true);
     const K64: usize = 64 * 1024;
     let sizes = [
         1,

@@ -69,8 +69,9 @@ struct Args {
     #[arg(long)]
     product_device: Option<String>,
     /// Send pulled files with `sendfile` instead of reading them into
-    /// buffers (the same as OXADB_ZERO_COPY=1); off by default, as on
-    /// loopback it saved no CPU (docs/benchmarks.md).
+    /// buffers (the same as OXADB_ZERO_COPY=1); off by default, as the
+    /// receiving host then spends more than the daemon saves
+    /// (docs/benchmarks.md, "Zero-copy sends").
     #[arg(long)]
     zero_copy: bool,
     /// How far a pushed file reaches storage before adb is told it arrived:
@@ -419,7 +420,7 @@ fn one_line(error: &anyhow::Error) -> String {
 
 fn run(args: Args) -> anyhow::Result<()> {
     if args.zero_copy {
-        oxadb_transfer::enable_zero_copy();
+        oxadb_transfer::set_zero_copy(true);
     }
     // Subcommands other than trust-key log like the daemon: run them after
     // the subscriber is set up.

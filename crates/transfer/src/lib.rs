@@ -36,8 +36,8 @@ pub use inbox::Inbox;
 pub use journal::{close_journal, open_journal, JournalError, Sweep};
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{
-    enable_zero_copy, send_frames, zero_copy_enabled, BufferPool, FrameRanges, Framing, SendError,
-    Source, ZERO_COPY_ENV,
+    send_frames, set_zero_copy, zero_copy_enabled, zero_copy_from_env, BufferPool, FrameRanges,
+    Framing, SendError, Source, ZERO_COPY_ENV,
 };
 pub use temp::{create_beside, process_umask, TempEntry};
 

@@ -23,16 +23,29 @@ const FRAME_LEN: usize = HEADER_LEN + SYNC_DATA_MAX;
 pub struct Source {
     file: File,
     len: u64,
+    /// The local path, for errors about the file (see [`Source::named`]).
+    name: Option<String>,
 }
 
 impl Source {
     pub fn open(path: &Path) -> io::Result<Source> {
-        Source::new(File::open(path)?)
+        Ok(Source::new(File::open(path)?)?.named(path))
     }
 
     pub fn new(file: File) -> io::Result<Source> {
         let len = file.metadata()?.len();
-        Ok(Source { file, len })
+        Ok(Source {
+            file,
+            len,
+            name: None,
+        })
+    }
+
+    /// Names the source as `path` in errors raised while it is sent (a file
+    /// that shrinks under its ranges).
+    pub fn named(mut self, path: &Path) -> Source {
+        self.name = Some(path.display().to_string());
+        self
     }
 
     pub fn file(&self) -> &File {
@@ -68,7 +81,7 @@ impl Source {
     /// What happens to the ranges is counted in `counters`.
     pub fn into_ranges(self, framing: &Framing, counters: Arc<RangeCounters>) -> FrameRanges {
         FrameRanges {
-            file: SendFile::new(self.file, counters),
+            file: SendFile::named(self.file, self.name, counters),
             offset: 0,
             end: self.len,
             frames_per_batch: framing.frames_per_batch,
@@ -76,14 +89,16 @@ impl Source {
     }
 }
 
-/// Whether plain transfers send file data by `sendfile` (both roles). Off
-/// unless `OXADB_ZERO_COPY=1` or [`enable_zero_copy`]: on loopback it saved
-/// the sender no CPU and cost the receiver more (sendfile's pages are freed
-/// and copied by the receiving side; docs/benchmarks.md, "Zero-copy sends").
+/// Whether plain transfers send file data by `sendfile`: what the binary
+/// set with [`set_zero_copy`] (the host's pushes: on; the daemon's pulls:
+/// off), else `OXADB_ZERO_COPY` ([`zero_copy_from_env`]), else off. A push
+/// by `sendfile` skips the sender's copy (1.2 times the copying push on
+/// loopback); a pull by `sendfile` costs the host's receiving end more than
+/// it saves the daemon (docs/benchmarks.md, "Zero-copy sends").
 pub fn zero_copy_enabled() -> bool {
     match ZERO_COPY.load(Ordering::Relaxed) {
         ZC_UNKNOWN => {
-            let on = std::env::var_os(ZERO_COPY_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+            let on = zero_copy_from_env().unwrap_or(false);
             ZERO_COPY.store(if on { ZC_ON } else { ZC_OFF }, Ordering::Relaxed);
             on
         }
@@ -91,14 +106,21 @@ pub fn zero_copy_enabled() -> bool {
     }
 }
 
-/// Sends plain transfers by `sendfile` for the rest of the process
-/// (`--zero-copy`).
-pub fn enable_zero_copy() {
-    ZERO_COPY.store(ZC_ON, Ordering::Relaxed);
+/// Sends plain transfers by `sendfile` (or not) for the rest of the process.
+pub fn set_zero_copy(on: bool) {
+    ZERO_COPY.store(if on { ZC_ON } else { ZC_OFF }, Ordering::Relaxed);
+}
+
+/// What `OXADB_ZERO_COPY` asks for: `Some(false)` for `0`, `Some(true)` for
+/// any other value, `None` when unset or empty.
+pub fn zero_copy_from_env() -> Option<bool> {
+    std::env::var_os(ZERO_COPY_ENV)
+        .filter(|v| !v.is_empty())
+        .map(|v| v != "0")
 }
 
 /// The environment variable that turns the zero-copy path on (any value but
-/// `0`).
+/// `0`) or off (`0`).
 pub const ZERO_COPY_ENV: &str = "OXADB_ZERO_COPY";
 
 const ZC_UNKNOWN: u8 = 0;
@@ -679,10 +701,14 @@ mod tests {
     }
 
     #[test]
-    fn the_switch_turns_zero_copy_on() {
-        // The environment variable is read once; the flag wins after it.
+    fn the_switch_turns_zero_copy_on_and_off() {
+        // The environment variable is read once; the binary's choice wins after it.
         let _ = zero_copy_enabled();
-        enable_zero_copy();
+        set_zero_copy(true);
+        assert!(zero_copy_enabled());
+        set_zero_copy(false);
+        assert!(!zero_copy_enabled());
+        set_zero_copy(true);
         assert!(zero_copy_enabled());
     }
 }

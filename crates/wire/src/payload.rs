@@ -45,6 +45,8 @@ impl RangeCounters {
 #[derive(Debug)]
 pub struct SendFile {
     file: File,
+    /// What error messages call the file (its local path), if known.
+    name: Option<String>,
     /// `sendfile` refused this file (EINVAL, ENOSYS, EOPNOTSUPP: no
     /// `splice_read` on its filesystem, as for /proc's seq files): its other
     /// ranges are read into memory without trying again.
@@ -54,12 +56,32 @@ pub struct SendFile {
 
 impl SendFile {
     pub fn new(file: File, counters: Arc<RangeCounters>) -> Arc<SendFile> {
+        SendFile::named(file, None, counters)
+    }
+
+    /// As [`SendFile::new`], for a file that errors name as `name`.
+    pub fn named(file: File, name: Option<String>, counters: Arc<RangeCounters>) -> Arc<SendFile> {
         counters.files.fetch_add(1, Ordering::Relaxed);
         Arc::new(SendFile {
             file,
+            name,
             unsupported: AtomicBool::new(false),
             counters,
         })
+    }
+
+    /// The error for a file that ended before `end`, the end of a range
+    /// already framed: its lengths cannot be filled, so the connection that
+    /// carries it cannot go on.
+    pub fn shrank(&self, end: u64) -> io::Error {
+        let file = match &self.name {
+            Some(name) => format!("'{name}'"),
+            None => "a file".to_string(),
+        };
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{file} shrank while being sent: it ends before byte {end}, which was already framed"),
+        )
     }
 
     pub fn file(&self) -> &File {
@@ -101,10 +123,8 @@ impl FileRange {
         let result = self.file.file.read_exact_at(&mut out[start..], self.offset);
         if let Err(error) = result {
             out.truncate(start);
-            // A file that shrank under the transfer cannot fill the lengths
-            // already framed around it.
             return Err(if error.kind() == io::ErrorKind::UnexpectedEof {
-                io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank while sent")
+                self.file.shrank(self.offset + self.len as u64)
             } else {
                 error
             });

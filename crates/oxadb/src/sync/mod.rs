@@ -262,7 +262,7 @@ pub struct TransferSummary {
 /// `sendfile`, or read into memory (docs/architecture.md, "Zero-copy transfers").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ZeroCopyStats {
-    /// Whether the zero-copy path was allowed (`OXADB_ZERO_COPY`, `--zero-copy`).
+    /// Whether the zero-copy path was allowed (`--no-zero-copy` and `OXADB_ZERO_COPY=0` turn it off).
     pub enabled: bool,
     /// Files sent as ranges.
     pub files: u64,
@@ -346,7 +346,7 @@ impl TransferSummary {
                     zc.files, zc.sendfile_bytes, zc.copied_bytes, zc.fallbacks
                 )
             } else {
-                "  zero-copy: off (on with OXADB_ZERO_COPY=1 or --zero-copy)".to_string()
+                "  zero-copy: off (--no-zero-copy or OXADB_ZERO_COPY=0)".to_string()
             });
         }
         if let Some(window) = stats.window {

@@ -176,13 +176,15 @@ impl SyncSession {
                     && oxadb_transfer::zero_copy_enabled()
                     && self.stream.takes_file_ranges()
                 {
-                    let source = Source::new(file).map_err(|e| {
-                        transfer_error(format!(
-                            "reading '{}' locally failed: {}",
-                            local.display(),
-                            describe_io(&e)
-                        ))
-                    })?;
+                    let source = Source::new(file)
+                        .map_err(|e| {
+                            transfer_error(format!(
+                                "reading '{}' locally failed: {}",
+                                local.display(),
+                                describe_io(&e)
+                            ))
+                        })?
+                        .named(local);
                     if source.ranges_possible() {
                         return self.send_ranges(local, source, mtime, progress).await;
                     }
@@ -236,7 +238,7 @@ impl SyncSession {
     }
 
     /// Reads the file into buffers on a blocking thread (compressed pushes,
-    /// USB, non-regular files, zero-copy off (the default)).
+    /// USB, TLS, non-regular files, `--no-zero-copy`).
     async fn send_copying(
         &mut self,
         local: &Path,

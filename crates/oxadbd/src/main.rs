@@ -419,9 +419,10 @@ fn one_line(error: &anyhow::Error) -> String {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    if args.zero_copy {
-        oxadb_transfer::set_zero_copy(true);
-    }
+    // Resolved once, here, like the host's: the flag, else the environment.
+    oxadb_transfer::set_zero_copy(
+        args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(false),
+    );
     // Subcommands other than trust-key log like the daemon: run them after
     // the subscriber is set up.
     let subcommand = match args.command {

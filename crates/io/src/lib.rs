@@ -21,7 +21,8 @@
 //!   default; without it `tls::negotiate` serves plaintext only);
 //! - [`peer`]: dead-peer detection on TCP sockets ([`watch_peer`]);
 //! - [`process`]: per-process settings (allocator, memory budget) and the
-//!   values both command lines parse.
+//!   values both command lines parse;
+//! - [`error_line`]: an error as both command lines print it.
 
 use std::io;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use thiserror::Error;
 pub mod auth;
 pub mod connection;
 mod driver;
+pub mod error_line;
 pub mod peer;
 pub mod process;
 mod refill;

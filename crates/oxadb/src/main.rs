@@ -319,28 +319,13 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(error) => {
-            eprintln!("oxadb: error: {}", one_line(&error));
+            eprintln!(
+                "oxadb: error: {}",
+                oxadb_io::error_line::one_line(error.as_ref())
+            );
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes on one line, each cause once: a cause whose
-/// text the message already shows (an error that prints its source and
-/// also returns it from `source()`) is not repeated.
-fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
 }
 
 async fn run(mut args: Args) -> anyhow::Result<i32> {

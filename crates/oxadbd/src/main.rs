@@ -382,7 +382,10 @@ fn main() -> ExitCode {
         Err(error) => {
             // One line, like oxadb's: a service manager's log shows the cause
             // where the operator looks.
-            eprintln!("oxadbd: error: {}", one_line(&error));
+            eprintln!(
+                "oxadbd: error: {}",
+                oxadb_io::error_line::one_line(error.as_ref())
+            );
             ExitCode::FAILURE
         }
     }
@@ -400,22 +403,6 @@ fn log_filter(default: tracing::Level) -> tracing_subscriber::filter::Targets {
         .filter(|value| !value.trim().is_empty())
         .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| tracing_subscriber::filter::Targets::new().with_default(default))
-}
-
-/// The error and its causes joined by ": ", each cause left out when the
-/// text before already says it (many errors quote their source).
-fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if line.is_empty() {
-            line = text;
-        } else if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-    }
-    line
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
@@ -828,8 +815,8 @@ fn open_journal(explicit: Option<PathBuf>) -> anyhow::Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
     use anyhow::Context as _;
+    use oxadb_io::error_line::one_line;
 
     #[test]
     fn errors_print_on_one_line_without_repeating_a_cause() {
@@ -838,7 +825,7 @@ mod tests {
             .context("listening on 127.0.0.1:5555")
             .unwrap_err();
         assert_eq!(
-            one_line(&error),
+            one_line(error.as_ref()),
             "listening on 127.0.0.1:5555: address in use"
         );
         // A config error quotes its source already.
@@ -846,7 +833,7 @@ mod tests {
             "/nonexistent/oxadbd.toml",
         )))
         .unwrap_err();
-        let text = one_line(&anyhow::Error::new(quoted));
+        let text = one_line(anyhow::Error::new(quoted).as_ref());
         assert_eq!(
             text,
             "reading config file /nonexistent/oxadbd.toml: No such file or directory (os error 2)"

@@ -215,27 +215,106 @@ pub fn certificate_spki(cert_der: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 #[cfg(feature = "tls")]
-struct ClientVerifier {
+/// One role's decision on the peer's certificate (DER); `Err` says why not.
+trait PeerCertCheck: Send + Sync {
+    fn check_cert(&self, cert_der: &[u8]) -> Result<(), String>;
+}
+
+#[cfg(feature = "tls")]
+/// Device role: the host's key, taken from its certificate, against the
+/// trusted keys, and the CA names sent to the host.
+struct HostKeyCheck {
     /// `None`: any certificate (the host needs no key, as adbd without
     /// auth_required); the handshake still proves it holds the key.
     check: Option<Arc<dyn ClientKeyCheck>>,
     hints: Vec<DistinguishedName>,
+}
+
+#[cfg(feature = "tls")]
+impl PeerCertCheck for HostKeyCheck {
+    fn check_cert(&self, cert_der: &[u8]) -> Result<(), String> {
+        match &self.check {
+            Some(check) => check.check(&certificate_spki(cert_der)?),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+/// Host role: the device's whole certificate, as [`DeviceCertCheck`] sees it.
+struct DeviceCheck(Arc<dyn DeviceCertCheck>);
+
+#[cfg(feature = "tls")]
+impl PeerCertCheck for DeviceCheck {
+    fn check_cert(&self, cert_der: &[u8]) -> Result<(), String> {
+        self.0.check(cert_der)
+    }
+}
+
+#[cfg(feature = "tls")]
+/// The peer's certificate verifier, one for both roles: the role's check
+/// decides on the certificate, and the handshake signature is verified the
+/// same way whichever side signed it.
+struct PeerVerifier<C> {
+    check: C,
     provider: Arc<CryptoProvider>,
 }
 
 #[cfg(feature = "tls")]
-impl fmt::Debug for ClientVerifier {
+impl<C: PeerCertCheck> PeerVerifier<C> {
+    fn verify_cert(&self, end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        self.check.check_cert(end_entity).map_err(refused)
+    }
+
+    fn verify_tls12(&self) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // Only TLS 1.3 is configured (AOSP tls_connection.cpp sets 1.3 as
+        // both minimum and maximum).
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls12NotOffered,
+        ))
+    }
+
+    fn verify_tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl fmt::Debug for PeerVerifier<HostKeyCheck> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientVerifier")
-            .field("checks_keys", &self.check.is_some())
+            .field("checks_keys", &self.check.check.is_some())
             .finish()
     }
 }
 
 #[cfg(feature = "tls")]
-impl ClientCertVerifier for ClientVerifier {
+impl fmt::Debug for PeerVerifier<DeviceCheck> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServerVerifier")
+    }
+}
+
+#[cfg(feature = "tls")]
+impl ClientCertVerifier for PeerVerifier<HostKeyCheck> {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &self.hints
+        &self.check.hints
     }
 
     fn verify_client_cert(
@@ -244,10 +323,7 @@ impl ClientCertVerifier for ClientVerifier {
         _intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        if let Some(check) = &self.check {
-            let spki = certificate_spki(end_entity).map_err(refused)?;
-            check.check(&spki).map_err(refused)?;
-        }
+        self.verify_cert(end_entity)?;
         Ok(ClientCertVerified::assertion())
     }
 
@@ -257,11 +333,7 @@ impl ClientCertVerifier for ClientVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        // Only TLS 1.3 is configured (AOSP tls_connection.cpp sets 1.3 as
-        // both minimum and maximum).
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls12NotOffered,
-        ))
+        self.verify_tls12()
     }
 
     fn verify_tls13_signature(
@@ -270,36 +342,16 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.verify_tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.schemes()
     }
 }
 
 #[cfg(feature = "tls")]
-struct ServerVerifier {
-    check: Arc<dyn DeviceCertCheck>,
-    provider: Arc<CryptoProvider>,
-}
-
-#[cfg(feature = "tls")]
-impl fmt::Debug for ServerVerifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ServerVerifier")
-    }
-}
-
-#[cfg(feature = "tls")]
-impl ServerCertVerifier for ServerVerifier {
+impl ServerCertVerifier for PeerVerifier<DeviceCheck> {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -308,7 +360,7 @@ impl ServerCertVerifier for ServerVerifier {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.check.check(end_entity).map_err(refused)?;
+        self.verify_cert(end_entity)?;
         Ok(ServerCertVerified::assertion())
     }
 
@@ -318,9 +370,7 @@ impl ServerCertVerifier for ServerVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls12NotOffered,
-        ))
+        self.verify_tls12()
     }
 
     fn verify_tls13_signature(
@@ -329,18 +379,11 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.verify_tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.schemes()
     }
 }
 
@@ -353,9 +396,8 @@ pub fn server_config(
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let hints = check.as_ref().map(|c| c.hints()).unwrap_or_default();
-    let verifier = Arc::new(ClientVerifier {
-        check,
-        hints,
+    let verifier = Arc::new(PeerVerifier {
+        check: HostKeyCheck { check, hints },
         provider: provider.clone(),
     });
     let mut config = ServerConfig::builder_with_provider(provider)
@@ -377,8 +419,8 @@ pub fn client_config(
     device: Arc<dyn DeviceCertCheck>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = provider();
-    let verifier = Arc::new(ServerVerifier {
-        check: device,
+    let verifier = Arc::new(PeerVerifier {
+        check: DeviceCheck(device),
         provider: provider.clone(),
     });
     let config = ClientConfig::builder_with_provider(provider)
@@ -641,4 +683,133 @@ pub(crate) fn alert_text(alert: rustls::AlertDescription) -> String {
         "the peer ended TLS with alert {alert:?} (a device does when our certificate's \
          key is not among its trusted keys: `oxadbd trust-key ~/.android/adbkey.pub` there)"
     )
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A device's key check that records what it was shown and answers `verdict`.
+    struct RecordingKeyCheck {
+        seen: Mutex<Vec<Vec<u8>>>,
+        verdict: Result<(), String>,
+    }
+
+    impl ClientKeyCheck for RecordingKeyCheck {
+        fn check(&self, spki_der: &[u8]) -> Result<(), String> {
+            self.seen.lock().unwrap().push(spki_der.to_vec());
+            self.verdict.clone()
+        }
+    }
+
+    /// A host's device check that records what it was shown and answers `verdict`.
+    struct RecordingDeviceCheck {
+        seen: Mutex<Vec<Vec<u8>>>,
+        verdict: Result<(), String>,
+    }
+
+    impl DeviceCertCheck for RecordingDeviceCheck {
+        fn check(&self, cert_der: &[u8]) -> Result<(), String> {
+            self.seen.lock().unwrap().push(cert_der.to_vec());
+            self.verdict.clone()
+        }
+    }
+
+    /// Runs a TLS handshake between the two configurations over an
+    /// in-memory pipe: (device's outcome, host's outcome), errors in words.
+    async fn handshake(
+        device: Arc<ServerConfig>,
+        host: Arc<ClientConfig>,
+    ) -> (Result<(), String>, Result<(), String>) {
+        let (device_end, host_end) = tokio::io::duplex(64 * 1024);
+        let accept = tokio::spawn(async move {
+            let mut stream = tokio_rustls::TlsAcceptor::from(device)
+                .accept(device_end)
+                .await
+                .map_err(|error| describe(&error))?;
+            // The host's certificate is checked on its Finished: read
+            // until the host's first byte (or its end) to see the verdict.
+            let mut byte = [0u8; 1];
+            stream
+                .read(&mut byte)
+                .await
+                .map(drop)
+                .map_err(|error| describe(&error))
+        });
+        let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+        let host_outcome = match tokio_rustls::TlsConnector::from(host)
+            .connect(name, host_end)
+            .await
+        {
+            Ok(mut stream) => {
+                // Closing makes the device's read end once the handshake is done.
+                stream.shutdown().await.map_err(|error| describe(&error))
+            }
+            Err(error) => Err(describe(&error)),
+        };
+        (accept.await.unwrap(), host_outcome)
+    }
+
+    #[tokio::test]
+    async fn the_device_checks_the_hosts_key_and_says_why_it_refuses() {
+        let host_identity = TlsIdentity::ephemeral("host").unwrap();
+        let device_identity = TlsIdentity::ephemeral("device").unwrap();
+        let host = client_config(&host_identity, Arc::new(AnyDevice)).unwrap();
+
+        let trusting = Arc::new(RecordingKeyCheck {
+            seen: Mutex::new(Vec::new()),
+            verdict: Ok(()),
+        });
+        let device = server_config(&device_identity, Some(trusting.clone())).unwrap();
+        let (device_outcome, host_outcome) = handshake(device, host.clone()).await;
+        assert_eq!(device_outcome, Ok(()));
+        assert_eq!(host_outcome, Ok(()));
+        let host_spki = certificate_spki(&host_identity.cert).unwrap();
+        assert_eq!(*trusting.seen.lock().unwrap(), vec![host_spki]);
+
+        let refusing = Arc::new(RecordingKeyCheck {
+            seen: Mutex::new(Vec::new()),
+            verdict: Err("key not in adb_keys".into()),
+        });
+        let device = server_config(&device_identity, Some(refusing)).unwrap();
+        let (device_outcome, _) = handshake(device, host).await;
+        assert_eq!(
+            device_outcome,
+            Err("certificate refused: key not in adb_keys".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_device_without_a_key_check_lets_any_host_in() {
+        let host = client_config(
+            &TlsIdentity::ephemeral("host").unwrap(),
+            Arc::new(AnyDevice),
+        )
+        .unwrap();
+        let device = server_config(&TlsIdentity::ephemeral("device").unwrap(), None).unwrap();
+        assert_eq!(handshake(device, host).await, (Ok(()), Ok(())));
+    }
+
+    #[tokio::test]
+    async fn the_host_checks_the_devices_certificate_and_says_why_it_refuses() {
+        let device_identity = TlsIdentity::ephemeral("device").unwrap();
+        let device = server_config(&device_identity, None).unwrap();
+        let refusing = Arc::new(RecordingDeviceCheck {
+            seen: Mutex::new(Vec::new()),
+            verdict: Err("not the paired device".into()),
+        });
+        let host =
+            client_config(&TlsIdentity::ephemeral("host").unwrap(), refusing.clone()).unwrap();
+        let (device_outcome, host_outcome) = handshake(device, host).await;
+        assert_eq!(
+            host_outcome,
+            Err("certificate refused: not the paired device".into())
+        );
+        assert!(device_outcome.is_err());
+        assert_eq!(
+            *refusing.seen.lock().unwrap(),
+            vec![device_identity.cert.to_vec()]
+        );
+    }
 }

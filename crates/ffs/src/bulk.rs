@@ -4,7 +4,8 @@
 //! multiple of every speed's `wMaxPacketSize`; the host ends each of its
 //! transfers with a short packet or a zero-length one, so the reads, taken
 //! in submission order, are the host's packets back to back. They become a
-//! byte stream ([`tokio::io::AsyncRead`]) for the engine's reader.
+//! byte stream for the engine's reader through `oxadb_io`'s
+//! [`BulkReader`], the same as the host's bulk IN reads.
 //!
 //! Device to host ([`BulkIn`]): the host reads exactly 24 bytes for a
 //! header and then exactly the payload, so each header is one transfer and
@@ -14,15 +15,14 @@
 use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use oxadb_io::bulk_read::{BulkReader, BulkReads, FinishedReads};
 use oxadb_io::{OutgoingPacket, PacketSink};
 use oxadb_wire::usb::{payload_transfers, SUPER_SPEED_BULK_MAX_PACKET};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Notify;
 
 use crate::endpoint::{annotate, Buffer, Completion, Endpoint};
@@ -53,16 +53,24 @@ struct Link {
 pub fn bulk_pair<O: Endpoint, I: Endpoint>(bulk_out: O, bulk_in: I) -> (BulkOut<O>, BulkIn<I>) {
     let link = Arc::new(Link::default());
     (
-        BulkOut::new(bulk_out, READ_SIZE, READ_DEPTH, link.clone()),
+        BulkReader::new(BulkOutReads::new(
+            bulk_out,
+            READ_SIZE,
+            READ_DEPTH,
+            link.clone(),
+        )),
         BulkIn::new(bulk_in, WRITE_SIZE, WRITE_DEPTH, link),
     )
 }
 
-/// The host's packets as a byte stream: keeps `depth` reads queued and hands
-/// their data out in the order they were submitted (AIO may report them out
-/// of order). Never returns EOF: the endpoint fails instead (ESHUTDOWN once
-/// the host goes away).
-pub struct BulkOut<E: Endpoint> {
+/// The host's packets as a byte stream.
+pub type BulkOut<E> = BulkReader<BulkOutReads<E>>;
+
+/// The bulk-out endpoint's reads: keeps `depth` of them queued and hands
+/// them to the stream in the order they were submitted (AIO may report
+/// them out of order). The stream never ends: the endpoint fails instead
+/// (ESHUTDOWN once the host goes away).
+pub struct BulkOutReads<E: Endpoint> {
     endpoint: E,
     /// Buffers ready to be queued again.
     free: Vec<Vec<u8>>,
@@ -70,60 +78,24 @@ pub struct BulkOut<E: Endpoint> {
     /// The id whose data comes next in the stream.
     next_deliver: u64,
     /// Finished reads waiting for their turn: id -> (buffer, bytes in it).
-    finished: BTreeMap<u64, (Vec<u8>, usize)>,
-    /// The read being handed out: buffer, bytes in it, bytes handed out.
-    current: Option<(Vec<u8>, usize, usize)>,
+    waiting: BTreeMap<u64, (Vec<u8>, usize)>,
     /// Some data has arrived on this connection.
     received: bool,
     done: Vec<Completion>,
     link: Arc<Link>,
 }
 
-impl<E: Endpoint> BulkOut<E> {
-    fn new(endpoint: E, size: usize, depth: usize, link: Arc<Link>) -> BulkOut<E> {
-        BulkOut {
+impl<E: Endpoint> BulkOutReads<E> {
+    fn new(endpoint: E, size: usize, depth: usize, link: Arc<Link>) -> BulkOutReads<E> {
+        BulkOutReads {
             endpoint,
             free: (0..depth).map(|_| vec![0; size]).collect(),
             next_id: 0,
             next_deliver: 0,
-            finished: BTreeMap::new(),
-            current: None,
+            waiting: BTreeMap::new(),
             received: false,
             done: Vec::new(),
             link,
-        }
-    }
-
-    /// Queues every free buffer.
-    fn refill(&mut self) -> io::Result<()> {
-        while let Some(buffer) = self.free.pop() {
-            self.endpoint.submit(self.next_id, Buffer::Read(buffer))?;
-            self.next_id += 1;
-        }
-        Ok(())
-    }
-
-    /// Copies finished reads, in order, into `out`; emptied buffers go back
-    /// to `free`.
-    fn deliver(&mut self, out: &mut ReadBuf<'_>) {
-        while out.remaining() > 0 {
-            if let Some((buffer, len, pos)) = &mut self.current {
-                let n = (*len - *pos).min(out.remaining());
-                out.put_slice(&buffer[*pos..*pos + n]);
-                *pos += n;
-                if *pos < *len {
-                    return;
-                }
-                let (buffer, _, _) = self.current.take().expect("just matched");
-                self.free.push(buffer);
-                continue;
-            }
-            let Some((buffer, len)) = self.finished.remove(&self.next_deliver) else {
-                return;
-            };
-            self.next_deliver += 1;
-            // A zero-length read is the host's ZLP: it only ended a transfer.
-            self.current = Some((buffer, len, 0));
         }
     }
 
@@ -144,39 +116,45 @@ impl<E: Endpoint> BulkOut<E> {
                 Err(error) => return Err(annotate(self.endpoint.path(), "reading", error)),
             };
             self.received |= len > 0;
-            self.finished.insert(completion.id, (buffer, len));
+            self.waiting.insert(completion.id, (buffer, len));
         }
         Ok(())
     }
 }
 
-impl<E: Endpoint> AsyncRead for BulkOut<E> {
-    fn poll_read(
-        self: Pin<&mut Self>,
+impl<E: Endpoint> BulkReads for BulkOutReads<E> {
+    type Buffer = Vec<u8>;
+
+    /// Queues every free buffer.
+    fn submit_due(&mut self) -> io::Result<()> {
+        while let Some(buffer) = self.free.pop() {
+            self.endpoint.submit(self.next_id, Buffer::Read(buffer))?;
+            self.next_id += 1;
+        }
+        Ok(())
+    }
+
+    fn poll_finished(
+        &mut self,
         cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
+        finished: &mut FinishedReads<Vec<u8>>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if out.remaining() == 0 {
-            return Poll::Ready(Ok(()));
+        ready!(self.endpoint.poll_complete(cx, &mut self.done))?;
+        self.take_done()?;
+        // A zero-length read is the host's ZLP: it only ended a transfer.
+        while let Some((buffer, len)) = self.waiting.remove(&self.next_deliver) {
+            self.next_deliver += 1;
+            finished.push(buffer, 0..len);
         }
-        loop {
-            let before = out.remaining();
-            this.deliver(out);
-            this.refill()?;
-            if out.remaining() < before {
-                return Poll::Ready(Ok(()));
-            }
-            match this.endpoint.poll_complete(cx, &mut this.done) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                Poll::Ready(Ok(())) => this.take_done()?,
-            }
-        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn reuse(&mut self, buffer: Vec<u8>) {
+        self.free.push(buffer);
     }
 }
 
-impl<E: Endpoint> Drop for BulkOut<E> {
+impl<E: Endpoint> Drop for BulkOutReads<E> {
     fn drop(&mut self) {
         self.link.reader_gone.store(true, Ordering::Release);
         self.link.notify.notify_waiters();

@@ -14,6 +14,8 @@
 //!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full
 //!   (`refill`, shared with TLS);
 //! - [`auth`]: both roles' authentication ([`Auth`], [`Authenticator`]);
+//! - [`bulk_read`]: USB bulk reads as the driver's byte stream, for both
+//!   ends ([`bulk_read::BulkReader`]);
 //! - [`tls`]: STLS's TLS 1.3 on TCP, both roles ([`tls::negotiate`],
 //!   certificates, the checks of the peer's certificate), and `tls_stream`:
 //!   records over the socket after the handshake, read in large chunks and
@@ -30,6 +32,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 pub mod auth;
+pub mod bulk_read;
 pub mod connection;
 mod driver;
 pub mod error_line;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use nusb::transfer::{Buffer, Completion, TransferError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::read::UsbReader;
+use super::read::usb_reader;
 use super::write::UsbSink;
 use super::{BulkEndpoint, UsbDeviceInfo};
 use crate::sync::{self, NoProgress, PullOptions, PushOptions};
@@ -191,7 +191,7 @@ async fn link(max_packet: usize, credit: CreditMode) -> Link {
         }
     });
     let info = UsbDeviceInfo::for_test("FAKE0001", "usb:1-1");
-    let reader = UsbReader::new(
+    let reader = usb_reader(
         LinkIn {
             max_packet,
             wire: wire.clone(),

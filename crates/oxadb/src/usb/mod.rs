@@ -187,7 +187,7 @@ pub(crate) async fn open(device: &UsbDeviceInfo) -> Result<Opened> {
         "claimed the ADB interface"
     );
     Ok((
-        read::UsbReader::new(endpoint_in, label.clone()),
+        read::usb_reader(endpoint_in, label.clone()),
         write::UsbSink::new(endpoint_out, label),
     ))
 }

@@ -23,13 +23,12 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use nusb::transfer::{Buffer, Completion};
+use oxadb_io::bulk_read::{BulkReader, BulkReads, FinishedReads};
 use oxadb_wire::usb::payload_transfers;
 use oxadb_wire::{Command, Header, HEADER_LEN, MAX_PAYLOAD};
-use tokio::io::{AsyncRead, ReadBuf};
 
 use super::{transfer_error, BulkEndpoint};
 
@@ -47,7 +46,7 @@ enum Purpose {
 }
 
 /// Which IN requests to make, from the ADB framing of the bytes received so
-/// far. Pure logic: [`UsbReader`] submits what it asks for and feeds back
+/// far. Pure logic: [`UsbReads`] submits what it asks for and feeds back
 /// what arrives.
 #[derive(Debug)]
 pub(crate) struct ReadPlan {
@@ -182,13 +181,19 @@ impl ReadPlan {
     }
 }
 
-/// The device's bulk IN endpoint as an [`AsyncRead`] byte stream for
+/// The device's bulk IN endpoint as a byte stream for
 /// [`oxadb_io::Connection::start`].
-pub(crate) struct UsbReader<E> {
+pub(crate) type UsbReader<E> = BulkReader<UsbReads<E>>;
+
+/// The reader of the device behind `endpoint`, named `label` in errors.
+pub(crate) fn usb_reader<E: BulkEndpoint>(endpoint: E, label: String) -> UsbReader<E> {
+    BulkReader::new(UsbReads::new(endpoint, label))
+}
+
+/// The bulk IN requests [`ReadPlan`] asks for, on `endpoint`.
+pub(crate) struct UsbReads<E> {
     endpoint: E,
     plan: ReadPlan,
-    /// Completed transfers not yet read, with how much of each was.
-    ready: VecDeque<(Buffer, usize)>,
     /// Buffers to reuse for requests (zero-copy ones cost an mmap each).
     spare: Vec<Buffer>,
     /// Names the device in errors.
@@ -196,29 +201,21 @@ pub(crate) struct UsbReader<E> {
     failed: Option<(io::ErrorKind, String)>,
 }
 
-impl<E: BulkEndpoint> UsbReader<E> {
-    pub(crate) fn new(endpoint: E, label: String) -> UsbReader<E> {
+impl<E: BulkEndpoint> UsbReads<E> {
+    fn new(endpoint: E, label: String) -> UsbReads<E> {
         let plan = ReadPlan::new(endpoint.max_packet_size(), IN_CHUNK, IN_FLIGHT);
-        UsbReader {
+        UsbReads {
             endpoint,
             plan,
-            ready: VecDeque::new(),
             spare: Vec::new(),
             label,
             failed: None,
         }
     }
 
-    fn submit_due(&mut self) {
-        while let Some(len) = self.plan.next_request() {
-            let mut buffer = match self.spare.iter().position(|b| b.capacity() >= len) {
-                Some(index) => self.spare.swap_remove(index),
-                None => self.endpoint.allocate(len.max(IN_CHUNK)),
-            };
-            buffer.clear();
-            buffer.set_requested_len(len);
-            self.endpoint.submit(buffer);
-        }
+    #[cfg(test)]
+    pub(crate) fn endpoint(&self) -> &E {
+        &self.endpoint
     }
 
     fn fail(&mut self, kind: io::ErrorKind, message: String) -> io::Error {
@@ -226,7 +223,11 @@ impl<E: BulkEndpoint> UsbReader<E> {
         io::Error::new(kind, message)
     }
 
-    fn take_completion(&mut self, completion: Completion) -> io::Result<()> {
+    fn take_completion(
+        &mut self,
+        completion: Completion,
+        finished: &mut FinishedReads<Buffer>,
+    ) -> io::Result<()> {
         if let Err(error) = completion.status {
             let (kind, message) = transfer_error(&self.label, "reading", error);
             return Err(self.fail(kind, message));
@@ -243,7 +244,7 @@ impl<E: BulkEndpoint> UsbReader<E> {
                     );
                 }
                 if skip < len {
-                    self.ready.push_back((buffer, skip));
+                    finished.push(buffer, skip..len);
                 } else {
                     self.spare.push(buffer);
                 }
@@ -260,32 +261,41 @@ impl<E: BulkEndpoint> UsbReader<E> {
     }
 }
 
-impl<E: BulkEndpoint> AsyncRead for UsbReader<E> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        loop {
-            if let Some((buffer, pos)) = this.ready.front_mut() {
-                let data = &buffer[*pos..];
-                let n = data.len().min(out.remaining());
-                out.put_slice(&data[..n]);
-                *pos += n;
-                if *pos == buffer.len() {
-                    let (buffer, _) = this.ready.pop_front().expect("front");
-                    this.spare.push(buffer);
-                }
-                return Poll::Ready(Ok(()));
-            }
-            if let Some((kind, message)) = &this.failed {
-                return Poll::Ready(Err(io::Error::new(*kind, message.clone())));
-            }
-            this.submit_due();
-            let completion = ready!(this.endpoint.poll_next_complete(cx));
-            this.take_completion(completion)?;
+impl<E: BulkEndpoint> BulkReads for UsbReads<E> {
+    type Buffer = Buffer;
+
+    fn submit_due(&mut self) -> io::Result<()> {
+        // After a failure nothing more is asked of the device; the error
+        // comes from `poll_finished`, once the data before it is read.
+        if self.failed.is_some() {
+            return Ok(());
         }
+        while let Some(len) = self.plan.next_request() {
+            let mut buffer = match self.spare.iter().position(|b| b.capacity() >= len) {
+                Some(index) => self.spare.swap_remove(index),
+                None => self.endpoint.allocate(len.max(IN_CHUNK)),
+            };
+            buffer.clear();
+            buffer.set_requested_len(len);
+            self.endpoint.submit(buffer);
+        }
+        Ok(())
+    }
+
+    fn poll_finished(
+        &mut self,
+        cx: &mut Context<'_>,
+        finished: &mut FinishedReads<Buffer>,
+    ) -> Poll<io::Result<()>> {
+        if let Some((kind, message)) = &self.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, message.clone())));
+        }
+        let completion = ready!(self.endpoint.poll_next_complete(cx));
+        Poll::Ready(self.take_completion(completion, finished))
+    }
+
+    fn reuse(&mut self, buffer: Buffer) {
+        self.spare.push(buffer);
     }
 }
 
@@ -358,9 +368,9 @@ mod tests {
             let mut script = vec![h, p];
             script.extend(writes);
             let fake = FakeIn::new(max_packet, script);
-            let mut reader = UsbReader::new(fake, "test".into());
+            let mut reader = usb_reader(fake, "test".into());
             assert_eq!(read_all(&mut reader, all.len()), all, "mps {max_packet}");
-            let stats = reader.endpoint.stats();
+            let stats = reader.get_ref().endpoint().stats();
             assert!(
                 stats.max_pending > 2,
                 "payload reads are pipelined: {stats:?}"
@@ -396,9 +406,9 @@ mod tests {
                 p4[..512].to_vec(),
                 p4[512..].to_vec(),
             ];
-            let mut reader = UsbReader::new(FakeIn::new(max_packet, script), "test".into());
+            let mut reader = usb_reader(FakeIn::new(max_packet, script), "test".into());
             assert_eq!(read_all(&mut reader, all.len()), all, "mps {max_packet}");
-            assert_eq!(reader.endpoint.stats().overflows, 0);
+            assert_eq!(reader.get_ref().endpoint().stats().overflows, 0);
         }
     }
 
@@ -450,7 +460,7 @@ mod tests {
         all.extend_from_slice(&p);
         // A previous session's OKAY and the tail of a payload it never read.
         let script = vec![okay, vec![0x55; 1500], h, p];
-        let mut reader = UsbReader::new(FakeIn::new(512, script), "test".into());
+        let mut reader = usb_reader(FakeIn::new(512, script), "test".into());
         assert_eq!(read_all(&mut reader, all.len()), all);
     }
 
@@ -463,7 +473,7 @@ mod tests {
         huge[12..16].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
         for (garbage, what) in [(bad_magic, "bad magic"), (huge, "exceeds max payload")] {
             let script = vec![h.clone(), p.clone(), garbage];
-            let mut reader = UsbReader::new(
+            let mut reader = usb_reader(
                 FakeIn::new(512, script),
                 "USB device R58M (bus 1, address 3)".into(),
             );
@@ -483,7 +493,7 @@ mod tests {
         let (h, p) = cnxn();
         let mut fake = FakeIn::new(512, vec![h.clone(), p.clone()]);
         fake.then_fail(TransferError::Disconnected);
-        let mut reader = UsbReader::new(fake, "USB device R58M (bus 1, address 3)".into());
+        let mut reader = usb_reader(fake, "USB device R58M (bus 1, address 3)".into());
         let mut sink = Vec::new();
         let error = block_on_ready(reader.read_to_end(&mut sink)).unwrap_err();
         assert_eq!(sink.len(), h.len() + p.len());

@@ -75,7 +75,7 @@ pub struct AdaptiveWindow {
 
 /// Shortest interval over which the consumption rate is measured: shorter
 /// ones see single packets arrive, not a rate.
-pub(crate) const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
+const MIN_RATE_INTERVAL_NS: u64 = 1_000_000;
 
 /// The window over what the measured rate moves in the smallest round
 /// trip. TCP under BBR keeps up to twice that in flight (its cwnd gain)
@@ -348,7 +348,8 @@ impl AdaptiveWindow {
             return;
         }
         if self.rate > 0 {
-            headroom.on_delivered(bytes, now_ns, self.rate, rtt, self.window);
+            let rate_interval = rtt.max(MIN_RATE_INTERVAL_NS);
+            headroom.on_delivered(bytes, now_ns, self.rate, rate_interval, self.window);
         }
     }
 

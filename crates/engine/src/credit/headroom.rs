@@ -1,8 +1,6 @@
 //! Headroom for data and acknowledgements that arrive in clumps, added to
 //! the adaptive window (`docs/flow-control.md`, "Adaptive credit").
 
-use super::adaptive::MIN_RATE_INTERVAL_NS;
-
 /// BBR's ACK-aggregation estimate (docs/flow-control.md, "Headroom for clumps"): when data arrives in clumps
 /// (USB completions, Wi-Fi aggregation, a peer that batches OKAYs), a window
 /// of exactly rate x RTT leaves the sender idle between clumps. Track the
@@ -39,17 +37,17 @@ const MIN_SILENCE_NS: u64 = 2_000_000;
 const MAX_HEADROOM_NS: u64 = 100_000_000;
 
 impl AckHeadroom {
+    /// `rate` was measured over `rate_interval_ns`: the round trip, or the
+    /// rate's shortest measuring interval when the round trip is shorter.
     pub(crate) fn on_delivered(
         &mut self,
         bytes: u64,
         now_ns: u64,
         rate: u64,
-        rtt_ns: u64,
+        rate_interval_ns: u64,
         window: u64,
     ) {
-        if now_ns.saturating_sub(self.slot_started_ns)
-            >= SLOT_ROUND_TRIPS * rtt_ns.max(MIN_RATE_INTERVAL_NS)
-        {
+        if now_ns.saturating_sub(self.slot_started_ns) >= SLOT_ROUND_TRIPS * rate_interval_ns {
             self.current ^= 1;
             self.slots[self.current] = 0;
             self.slot_started_ns = now_ns;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use oxadb_engine::CreditMode;
-use oxadb_sim::{run, seed_cases, Consumer, Link, Outcome, Scenario};
+use oxadb_sim::{reference_cases, run, Consumer, Link, Outcome, Scenario};
 use oxadb_wire::MAX_PAYLOAD;
 
 const POLICIES: [CreditMode; 3] = [CreditMode::Classic, CreditMode::Aosp, CreditMode::Adaptive];
@@ -89,7 +89,7 @@ pub fn simulate(size: u64, series_dir: Option<&Path>) -> Result<()> {
     }
     shared_link(size);
     ablations(size);
-    seed_scenarios(size);
+    reference_scenarios(size);
     rtt_sweep(size, series_dir)?;
     println!(
         "\nSimulation wall-clock time: {:.2} s",
@@ -204,19 +204,20 @@ fn write_series(dir: &Path, scenario: &Scenario, outcome: &Outcome) -> Result<()
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn seed_scenarios(size: u64) {
-    println!("\n### Seed scenarios\n");
+fn reference_scenarios(size: u64) {
+    println!("\n### Reference scenarios\n");
     println!(
-        "Each row is two runs that differ in one thing; the ratio is the documented effect.\n"
+        "Each row is two runs that differ in one thing; the ratio is the documented effect \
+         (each source and its figure: docs/flow-control.md, \"Reference scenarios\").\n"
     );
-    println!("| seed | comparison | with MB/s | without MB/s | ratio | peak in flight MiB with / without |");
+    println!("| scenario | comparison | with MB/s | without MB/s | ratio | peak in flight MiB with / without |");
     println!("|---|---|---:|---:|---:|---|");
-    for case in seed_cases(size) {
+    for case in reference_cases(size) {
         let with = run(&case.with);
         let without = run(&case.without);
         println!(
             "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.1} / {:.1} |",
-            case.seed,
+            case.name,
             case.what,
             with.throughput / 1e6,
             without.throughput / 1e6,

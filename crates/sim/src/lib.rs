@@ -14,11 +14,11 @@
 //! assert!(outcome.completed);
 //! ```
 pub mod link;
+pub mod reference_cases;
 pub mod scenario;
-pub mod seeds;
 mod simulator;
 
 pub use link::Link;
+pub use reference_cases::{reference_cases, ReferenceCase};
 pub use scenario::{Consumer, Outcome, Scenario, StreamOutcome, SLOW_TICK_NS};
-pub use seeds::{seed_cases, SeedCase};
 pub use simulator::run;

@@ -251,21 +251,22 @@ fn streams_sharing_a_link_finish_together() {
     }
 }
 
-/// Each outside source's effect (`crates/sim/src/seeds.rs`), in the
-/// direction and at about the size the source documents (000, AOSP's delayed
-/// ACK: 1.7x on a USB-3 phone; 002, smoltcp's PR 935: 0.8 -> 15 Gbit/s; 003,
-/// the i.MX6 board: half the rate with too small a buffer; 004, BBR's
-/// ACK-aggregation fix: 1.6x on 5 GHz Wi-Fi).
+/// Each outside source's effect (`crates/sim/src/reference_cases.rs`), in
+/// the direction and at about the size the source documents
+/// (`docs/flow-control.md`, "Reference scenarios": AOSP's delayed ACK, 1.7x
+/// on a USB-3 phone; smoltcp's PR 935, 0.8 -> 15 Gbit/s; receive buffers
+/// sized from memory on an i.MX6 board, half the rate with half the
+/// ceilings; BBR's ACK-aggregation estimate, 1.6x on 5 GHz Wi-Fi).
 #[test]
-fn the_seed_scenarios_show_their_documented_effects() {
-    let minimum = |seed: &str| match seed {
-        "000" => 1.6,
-        "002" => 10.0,
-        "003" => 2.0,
-        "004" => 1.3,
-        other => panic!("no expectation for seed {other}"),
+fn the_reference_scenarios_show_their_documented_effects() {
+    let minimum = |name: &str| match name {
+        "aosp-delayed-ack" => 1.6,
+        "smoltcp-window-update" => 10.0,
+        "linux-buffer-sizing" => 2.0,
+        "bbr-ack-aggregation" => 1.3,
+        other => panic!("no expectation for {other}"),
     };
-    let cases = oxadb_sim::seed_cases(128 * MIB);
+    let cases = oxadb_sim::reference_cases(128 * MIB);
     assert_eq!(cases.len(), 4);
     for case in cases {
         let with = run(&case.with);
@@ -273,9 +274,9 @@ fn the_seed_scenarios_show_their_documented_effects() {
         assert!(with.completed && without.completed, "{}", case.what);
         let ratio = with.throughput / without.throughput;
         assert!(
-            ratio >= minimum(case.seed),
-            "seed {} ({}): {ratio:.2}x; with: {}; without: {}",
-            case.seed,
+            ratio >= minimum(case.name),
+            "{} ({}): {ratio:.2}x; with: {}; without: {}",
+            case.name,
             case.what,
             describe(&case.with, &with),
             describe(&case.without, &without)

@@ -1,10 +1,7 @@
 //! The documented effects of the flow-control rules' outside sources, each
 //! reproduced as two simulated runs that differ in one thing. A case is
-//! labelled by its source's number in the design notes: 000 AOSP's delayed
-//! ACK (`docs/dev/delayed_ack.md`), 002 smoltcp's window-update fix (PR 935),
-//! 003 TCP buffer sizing on an i.MX6 board (buffer ceilings from free memory,
-//! Linux's `tcp_mem`), 004 BBR's ACK-aggregation estimate. The rules are in
-//! `docs/flow-control.md`.
+//! named after the source it reproduces; `docs/flow-control.md`, "Reference
+//! scenarios", gives each source and the figure the case answers to.
 
 use oxadb_engine::CreditMode;
 
@@ -13,21 +10,22 @@ use crate::{Consumer, Link, Scenario};
 const MS: u64 = 1_000_000;
 
 /// One line per source: the effect it documents, as a ratio of two runs.
-pub struct SeedCase {
-    pub seed: &'static str,
+pub struct ReferenceCase {
+    /// The source, as a short name (`aosp-delayed-ack`, ...).
+    pub name: &'static str,
     pub what: &'static str,
     pub with: Scenario,
     pub without: Scenario,
 }
 
-/// The documented effect of each source (listed in the module's note),
-/// reproduced as a pair of runs that differ in one thing.
-pub fn seed_cases(size: u64) -> Vec<SeedCase> {
+/// The documented effect of each source, reproduced as a pair of runs that
+/// differ in one thing.
+pub fn reference_cases(size: u64) -> Vec<ReferenceCase> {
     let fast = |link: Link, policy: CreditMode| Scenario::new(link, Consumer::Fast, policy, size);
-    // 002 (smoltcp) and 004 (BBR) hold every OKAY after the accepting one for
-    // a 10 ms timer: a receiver that delays its window updates (smoltcp's
-    // case), which the sender sees as acknowledgements arriving in clumps
-    // (BBR's).
+    // smoltcp's window updates and BBR's ACK aggregation hold every OKAY
+    // after the accepting one for a 10 ms timer: a receiver that delays its
+    // window updates (smoltcp's case), which the sender sees as
+    // acknowledgements arriving in clumps (BBR's).
     let held = |mut scenario: Scenario| {
         scenario.delayed_updates = Some(10 * MS);
         scenario
@@ -48,26 +46,31 @@ pub fn seed_cases(size: u64) -> Vec<SeedCase> {
         scenario
     };
     vec![
-        SeedCase {
-            seed: "000",
+        // AOSP's measurement of burst mode (adb's docs/dev/delayed_ack.md).
+        ReferenceCase {
+            name: "aosp-delayed-ack",
             what: "burst (adaptive) vs classic on usb3",
             with: fast(Link::usb3(), CreditMode::Adaptive),
             without: fast(Link::usb3(), CreditMode::Classic),
         },
-        SeedCase {
-            seed: "002",
+        // smoltcp's fix for delayed window updates (smoltcp PR 935).
+        ReferenceCase {
+            name: "smoltcp-window-update",
             what: "updates sent at once vs held for a 10 ms timer, loopback, headroom and ramp off",
             with: rule_alone(fast(Link::loopback(), CreditMode::Adaptive)),
             without: held(rule_alone(fast(Link::loopback(), CreditMode::Adaptive))),
         },
-        SeedCase {
-            seed: "003",
+        // Linux's receive-buffer ceilings sized from memory (tcp_mem,
+        // tcp_rmem), and what halved ones cost an i.MX6 board.
+        ReferenceCase {
+            name: "linux-buffer-sizing",
             what: "budget 1 GiB vs 8 MiB (per-stream cap 1 MiB), wan-1g",
             with: budget(fast(Link::wan_1g(), CreditMode::Adaptive), 1 << 30),
             without: budget(fast(Link::wan_1g(), CreditMode::Adaptive), 8 << 20),
         },
-        SeedCase {
-            seed: "004",
+        // BBR's ACK-aggregation estimate (Linux commit 78dc70ebaa38).
+        ReferenceCase {
+            name: "bbr-ack-aggregation",
             what: "headroom on vs off, OKAYs arriving in 10 ms clumps, loopback",
             with: held(fast(Link::loopback(), CreditMode::Adaptive)),
             without: held(no_headroom(fast(Link::loopback(), CreditMode::Adaptive))),

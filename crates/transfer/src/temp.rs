@@ -175,12 +175,9 @@ fn read_umask() -> u32 {
             }
         }
     }
-    // SAFETY: umask has no memory-safety preconditions; the previous mask is restored.
-    unsafe {
-        let mask = libc::umask(0o022);
-        libc::umask(mask);
-        mask as u32
-    }
+    let mask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    rustix::process::umask(mask);
+    mask.as_raw_mode()
 }
 
 #[cfg(test)]

@@ -3,6 +3,11 @@
 //! No sockets, no threads, no clocks: drivers (see the `oxadb-io` crate) feed
 //! packets in, take packets out and tell the engine the time, which keeps the
 //! protocol logic testable and deterministic.
+
+// This crate needs no unsafe code. Forbidden here, not in the workspace's
+// lints, which every member shares (root Cargo.toml).
+#![forbid(unsafe_code)]
+
 pub mod budget;
 pub mod connection;
 pub mod credit;

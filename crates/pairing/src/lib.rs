@@ -2,6 +2,10 @@
 //! inside TLS 1.3, then each side's identity sent encrypted with the key
 //! SPAKE2 gave (AOSP `pairing_connection/`, `pairing_auth/`).
 
+// This crate needs no unsafe code. Forbidden here, not in the workspace's
+// lints, which every member shares (root Cargo.toml).
+#![forbid(unsafe_code)]
+
 pub mod connection;
 pub mod format;
 pub mod spake2;

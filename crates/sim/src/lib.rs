@@ -13,6 +13,11 @@
 //! let outcome = run(&Scenario::new(Link::wan(), Consumer::Fast, CreditMode::Aosp, 8 << 20));
 //! assert!(outcome.completed);
 //! ```
+
+// This crate needs no unsafe code. Forbidden here, not in the workspace's
+// lints, which every member shares (root Cargo.toml).
+#![forbid(unsafe_code)]
+
 pub mod link;
 pub mod reference_cases;
 pub mod scenario;

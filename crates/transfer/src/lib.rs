@@ -20,6 +20,10 @@
 //! (docs/architecture.md, "Zero-copy transfers"). [`Destination::file`] stays
 //! reachable for a receiving path (`splice`) under the same atomicity rules.
 
+// This crate needs no unsafe code. Forbidden here, not in the workspace's
+// lints, which every member shares (root Cargo.toml).
+#![forbid(unsafe_code)]
+
 mod destination;
 mod durable;
 mod inbox;

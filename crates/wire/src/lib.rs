@@ -1,5 +1,10 @@
 //! ADB wire formats. No I/O: everything here turns bytes into values and back,
 //! so it can be unit-tested and fuzzed on its own.
+
+// This crate needs no unsafe code. Forbidden here, not in the workspace's
+// lints, which every member shares (root Cargo.toml).
+#![forbid(unsafe_code)]
+
 pub mod banner;
 pub mod compression;
 pub mod packet;

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::command::{find_program, sh_quote, Answer, Invocation};
+use super::invocation::{find_program, sh_quote, Answer, Invocation};
 
 /// Where the device's system log is.
 #[derive(Debug, Clone, PartialEq, Eq)]

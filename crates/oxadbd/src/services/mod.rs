@@ -1,11 +1,14 @@
 //! Services a host can open on the daemon (`shell:`, `exec:`, `sync:`,
 //! forward targets, `reverse:`, `dev:`/`dev-raw:` device nodes,
 //! `framebuffer:`, Android's device services), and the Android commands the
-//! shell service answers itself (`command`).
+//! shell service answers itself: `command` routes a line, `logcat` and
+//! `props` serve it, both on `invocation`'s words (dependencies go that one
+//! way).
 pub mod command;
 pub mod device;
 pub mod forward;
 pub mod framebuffer;
+pub mod invocation;
 pub mod logcat;
 pub mod props;
 pub mod reverse;

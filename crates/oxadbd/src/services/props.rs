@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::command::Answer;
+use super::invocation::Answer;
 
 /// The properties `getprop` lists, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

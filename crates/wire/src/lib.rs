@@ -9,6 +9,7 @@ pub mod banner;
 pub mod compression;
 pub mod packet;
 pub mod payload;
+pub mod service;
 pub mod shell;
 pub mod sync;
 pub mod usb;

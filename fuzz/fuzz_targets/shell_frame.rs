@@ -1,5 +1,5 @@
-//! Shell protocol v2: the frame decoder, the window-size payload and the
-//! `shell,...:` / `exec:` service names.
+//! Shell protocol v2: the frame decoder, the window-size payload and what
+//! a `shell,...:` / `exec:` service name asks to run.
 //!
 //! Input: one control byte, then the stream. The control byte's low four bits
 //! pick how many bytes arrive per read (1 to 16) and its top bit a small
@@ -8,6 +8,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
+use oxadb_wire::service::DeviceService;
 use oxadb_wire::shell::*;
 
 fuzz_target!(|data: &[u8]| {
@@ -174,22 +175,22 @@ fn scan_window_size(mut s: &[u8]) -> Option<WindowSize> {
     })
 }
 
-/// A parsed service name means the same once written out in full.
+/// A shell request means the same once its name is written out in full.
+/// (The names themselves are fuzzed by the `service` target.)
 fn check_service(service: &str) {
-    let Ok(request) = ShellRequest::parse(service) else {
+    let Some(request) = shell_request(service) else {
         return;
     };
-    let trimmed = service.trim_end_matches('\0');
-    let after_colon = trimmed.split_once(':').map(|(_, command)| command);
+    let after_colon = service.split_once(':').map(|(_, command)| command);
     assert_eq!(Some(request.command.as_str()), after_colon);
-    let canonical = if trimmed.starts_with("exec:") {
+    let canonical = if service.starts_with("exec:") {
         assert_eq!(
             (request.protocol, request.mode, &request.term),
             (ShellProtocol::V1, ShellMode::Raw, &None)
         );
         format!("exec:{}", request.command)
     } else {
-        assert!(trimmed.starts_with("shell,") || trimmed.starts_with("shell:"));
+        assert!(service.starts_with("shell,") || service.starts_with("shell:"));
         let term = request.term.as_deref().unwrap_or("");
         assert!(!term.contains([',', ':']));
         format!(
@@ -208,8 +209,14 @@ fn check_service(service: &str) {
         )
     };
     assert_eq!(
-        ShellRequest::parse(&canonical).as_ref(),
-        Ok(&request),
+        shell_request(&canonical).as_ref(),
+        Some(&request),
         "{service:?} written out as {canonical:?}"
     );
+}
+
+fn shell_request(service: &str) -> Option<ShellRequest> {
+    DeviceService::parse(service)
+        .ok()
+        .and_then(ShellRequest::from_service)
 }

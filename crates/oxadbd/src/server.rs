@@ -10,6 +10,8 @@ use std::time::Duration;
 use oxadb_engine::{Config, MemoryBudget};
 use oxadb_ffs::{FfsError, Gadget};
 use oxadb_io::{Auth, Authenticator, Connection, Incoming};
+use oxadb_wire::service::{DeviceService, ServiceError, ServiceProblem};
+use oxadb_wire::shell::ShellRequest;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -608,7 +610,9 @@ async fn dispatch(connection: Connection, daemon: Arc<Daemon>, transport: Transp
     reverses.close().await;
 }
 
-/// Answers one OPEN: starts the service or refuses the stream.
+/// Answers one OPEN: starts the service or refuses the stream. Service
+/// names are parsed by `DeviceService` (oxadb-wire) only; what a malformed
+/// one gets is decided in [`answer_malformed`].
 async fn open_service(
     incoming: Incoming,
     daemon: Arc<Daemon>,
@@ -616,127 +620,185 @@ async fn open_service(
     reverses: Arc<reverse::Reverses>,
 ) {
     let config = &daemon.config;
-    let service = incoming.service().to_string();
     tracing::debug!("open");
-    if service.starts_with("shell") || service.starts_with("exec:") {
-        let mut request = match oxadb_wire::shell::ShellRequest::parse(&service) {
-            Ok(request) => request,
-            Err(error) => {
-                refusal!(refusals, %error, "refusing malformed shell request");
-                incoming.refuse();
-                return;
-            }
-        };
-        let path = std::env::var("PATH").unwrap_or_else(|_| shell::DEFAULT_PATH.into());
-        match command::route(&request.command, &daemon.properties, &path) {
-            Route::Shell => {}
-            Route::Replace(line) => {
-                tracing::debug!(command = %line, "served by the system log");
-                request.command = line;
-            }
-            Route::Answer(answer) => {
-                tracing::debug!(status = answer.status, "answered by oxadbd itself");
-                let stream = incoming.accept();
-                shell::answer(
-                    stream,
-                    &request,
-                    &answer.stdout,
-                    &answer.stderr,
-                    answer.status,
-                )
-                .await;
-                return;
+    let service = match DeviceService::parse(incoming.service()) {
+        Ok(service) => service,
+        Err(error) => return answer_malformed(incoming, error, &refusals, &reverses).await,
+    };
+    match service {
+        DeviceService::Shell(shell) => serve_shell(incoming, shell.into(), &daemon).await,
+        DeviceService::Exec(command) => {
+            serve_shell(incoming, ShellRequest::exec(command), &daemon).await
+        }
+        DeviceService::Sync => {
+            let stream = incoming.accept();
+            if let Err(error) = sync::serve(stream).await {
+                tracing::warn!(%error, "sync service failed");
             }
         }
-        let stream = incoming.accept();
-        let shell_config = shell::ShellConfig {
-            login_shell: config.shell.clone(),
-        };
-        if let Err(error) = shell::serve(stream, request, &shell_config).await {
-            tracing::warn!(%error, "shell service failed");
-        }
-    } else if service == "sync:" {
-        let stream = incoming.accept();
-        if let Err(error) = sync::serve(stream).await {
-            tracing::warn!(%error, "sync service failed");
-        }
-    } else if let Some(command) = service.strip_prefix("reverse:") {
-        if let Err(error) = reverses.serve(incoming.accept(), command).await {
-            tracing::debug!(%error, "reverse: could not send the reply");
-        }
-    } else if let Some(target) = forward::Target::parse(&service) {
-        let target = match target {
-            Ok(target) => target,
-            Err(error) => {
-                refusal!(refusals, %error, "refusing forward");
-                incoming.refuse();
-                return;
-            }
-        };
-        // Connect before answering: a failed connect is a refused OPEN, as in adbd.
-        let socket = match target.connect().await {
-            Ok(socket) => socket,
-            Err(error) => {
-                refusal!(refusals, %target, %error, "forward target unreachable; refusing stream");
-                incoming.refuse();
-                return;
-            }
-        };
-        match forward::relay(incoming.accept(), socket).await {
-            Ok((to_target, from_target)) => {
-                tracing::debug!(%target, to_target, from_target, "forward ended")
-            }
-            Err(error) => tracing::debug!(%target, %error, "forward ended with an error"),
-        }
-    } else if let Some(request) = serial::Request::parse(&service) {
-        // Opened (and made raw) before answering: a node that cannot be is
-        // a refused OPEN, as in adbd.
-        let node = match request
-            .map_err(|e| e.to_string())
-            .and_then(|request| serial::open(&request).map_err(|e| e.to_string()))
-        {
-            Ok(node) => node,
-            Err(error) => {
-                refusal!(refusals, %error, "refusing device stream");
-                incoming.refuse();
-                return;
-            }
-        };
-        match forward::relay(incoming.accept(), node).await {
-            Ok((to_device, from_device)) => {
-                tracing::debug!(to_device, from_device, "device stream ended")
-            }
-            Err(error) => tracing::debug!(%error, "device stream ended with an error"),
-        }
-    } else if service.starts_with("framebuffer:") {
-        if let Err(error) = framebuffer::serve(incoming.accept(), &config.framebuffer).await {
-            tracing::debug!(%error, "framebuffer stream ended with an error");
-        }
-    } else if let Some(target) = service.strip_prefix("reboot:") {
-        let target = target.trim_end_matches('\0').to_string();
-        let command = device::reboot_command(config.device.reboot_command.as_deref());
-        device::reboot(incoming.accept(), &target, command).await;
-    } else if let Some(request) = tcpip::Request::parse(&service) {
-        let mut stream = incoming.accept();
-        match request {
-            Ok(request) => {
-                daemon
-                    .switch
-                    .serve(stream, request, config.device.allow_tcpip)
-                    .await
-            }
-            Err(text) => {
-                let _ = stream.write_all(text.as_bytes()).await;
-                let _ = stream.shutdown().await;
+        DeviceService::Reverse(request) => {
+            if let Err(error) = reverses.serve(incoming.accept(), Ok(request)).await {
+                tracing::debug!(%error, "reverse: could not send the reply");
             }
         }
-    } else if let Some(message) = device::answer(&service, daemon.euid == 0) {
-        // Answer in words, as adbd does for requests it cannot honour.
-        let mut stream = incoming.accept();
-        let _ = stream.write_all(message.as_bytes()).await;
-        let _ = stream.shutdown().await;
-    } else {
-        refusal!(refusals, "refusing unknown service");
-        incoming.refuse();
+        DeviceService::Tcp { host, port } => {
+            serve_forward(incoming, forward::Target::tcp(host, port), &refusals).await
+        }
+        DeviceService::LocalAbstract(name) => {
+            serve_forward(incoming, forward::Target::LocalAbstract(name), &refusals).await
+        }
+        DeviceService::LocalFilesystem(path) => {
+            serve_forward(incoming, forward::Target::LocalFilesystem(path), &refusals).await
+        }
+        DeviceService::Dev { path, raw } => {
+            // Opened (and made raw) before answering: a node that cannot be is
+            // a refused OPEN, as in adbd.
+            let node = match serial::Request::new(&path, raw)
+                .and_then(|request| serial::open(&request).map_err(|e| e.to_string()))
+            {
+                Ok(node) => node,
+                Err(error) => {
+                    refusal!(refusals, %error, "refusing device stream");
+                    incoming.refuse();
+                    return;
+                }
+            };
+            match forward::relay(incoming.accept(), node).await {
+                Ok((to_device, from_device)) => {
+                    tracing::debug!(to_device, from_device, "device stream ended")
+                }
+                Err(error) => tracing::debug!(%error, "device stream ended with an error"),
+            }
+        }
+        DeviceService::Framebuffer => {
+            if let Err(error) = framebuffer::serve(incoming.accept(), &config.framebuffer).await {
+                tracing::debug!(%error, "framebuffer stream ended with an error");
+            }
+        }
+        DeviceService::Reboot(target) => {
+            let command = device::reboot_command(config.device.reboot_command.as_deref());
+            device::reboot(incoming.accept(), &target, command).await;
+        }
+        DeviceService::TcpIp(port) => {
+            let request = tcpip::Request::Tcp(port.get());
+            serve_switch(incoming, request, &daemon).await;
+        }
+        DeviceService::Usb => serve_switch(incoming, tcpip::Request::Usb, &daemon).await,
+        DeviceService::Root
+        | DeviceService::Unroot
+        | DeviceService::Remount(_)
+        | DeviceService::EnableVerity
+        | DeviceService::DisableVerity => {
+            // Answer in words, as adbd does for requests it cannot honour.
+            if let Some(message) = device::answer(&service, daemon.euid == 0) {
+                answer_text(incoming, message).await;
+            }
+        }
+        // Android's: no reserved socket namespace, Java debugger, binder
+        // shell or benchmark services on a Linux device.
+        DeviceService::LocalReserved(_)
+        | DeviceService::Local(_)
+        | DeviceService::Jdwp(_)
+        | DeviceService::TrackJdwp
+        | DeviceService::TrackApp
+        | DeviceService::Abb(_)
+        | DeviceService::AbbExec(_)
+        | DeviceService::Sink(_)
+        | DeviceService::Source(_) => {
+            refusal!(refusals, "refusing a service oxadbd does not serve");
+            incoming.refuse();
+        }
     }
+}
+
+/// A service name that did not parse: `tcpip:` and `reverse:` answer in
+/// adbd's words on an accepted stream, anything else is refused.
+async fn answer_malformed(
+    incoming: Incoming,
+    error: ServiceError,
+    refusals: &Refusals,
+    reverses: &reverse::Reverses,
+) {
+    match error.problem {
+        ServiceProblem::TcpipPort(port) => answer_text(incoming, &tcpip::invalid_port(&port)).await,
+        ServiceProblem::Forward(malformed) => {
+            if let Err(error) = reverses.serve(incoming.accept(), Err(malformed)).await {
+                tracing::debug!(%error, "reverse: could not send the reply");
+            }
+        }
+        ServiceProblem::Unknown => {
+            refusal!(refusals, "refusing unknown service");
+            incoming.refuse();
+        }
+        _ => {
+            refusal!(refusals, %error, "refusing malformed service");
+            incoming.refuse();
+        }
+    }
+}
+
+/// `shell`/`exec:`: a line oxadbd serves itself, or the login shell.
+async fn serve_shell(incoming: Incoming, mut request: ShellRequest, daemon: &Daemon) {
+    let path = std::env::var("PATH").unwrap_or_else(|_| shell::DEFAULT_PATH.into());
+    match command::route(&request.command, &daemon.properties, &path) {
+        Route::Shell => {}
+        Route::Replace(line) => {
+            tracing::debug!(command = %line, "served by the system log");
+            request.command = line;
+        }
+        Route::Answer(answer) => {
+            tracing::debug!(status = answer.status, "answered by oxadbd itself");
+            let stream = incoming.accept();
+            shell::answer(
+                stream,
+                &request,
+                &answer.stdout,
+                &answer.stderr,
+                answer.status,
+            )
+            .await;
+            return;
+        }
+    }
+    let stream = incoming.accept();
+    let shell_config = shell::ShellConfig {
+        login_shell: daemon.config.shell.clone(),
+    };
+    if let Err(error) = shell::serve(stream, request, &shell_config).await {
+        tracing::warn!(%error, "shell service failed");
+    }
+}
+
+/// `tcp:`, `localabstract:`, `localfilesystem:`: connects, then relays.
+async fn serve_forward(incoming: Incoming, target: forward::Target, refusals: &Refusals) {
+    // Connect before answering: a failed connect is a refused OPEN, as in adbd.
+    let socket = match target.connect().await {
+        Ok(socket) => socket,
+        Err(error) => {
+            refusal!(refusals, %target, %error, "forward target unreachable; refusing stream");
+            incoming.refuse();
+            return;
+        }
+    };
+    match forward::relay(incoming.accept(), socket).await {
+        Ok((to_target, from_target)) => {
+            tracing::debug!(%target, to_target, from_target, "forward ended")
+        }
+        Err(error) => tracing::debug!(%target, %error, "forward ended with an error"),
+    }
+}
+
+/// `tcpip:PORT`, `usb:`: asks the TCP accept loop, answers in words.
+async fn serve_switch(incoming: Incoming, request: tcpip::Request, daemon: &Daemon) {
+    daemon
+        .switch
+        .serve(incoming.accept(), request, daemon.config.device.allow_tcpip)
+        .await
+}
+
+/// Accepts the stream, writes `text` and closes it.
+async fn answer_text(incoming: Incoming, text: &str) {
+    let mut stream = incoming.accept();
+    let _ = stream.write_all(text.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }

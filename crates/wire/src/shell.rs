@@ -1,4 +1,5 @@
-//! Shell protocol v2 frames and `shell:` / `exec:` service names. No I/O.
+//! Shell protocol v2 frames, and what a `shell:` / `exec:` request asks a
+//! daemon to run (its name is parsed in `service.rs`). No I/O.
 //!
 //! A shell-protocol frame is a 1-byte id, a little-endian `u32` payload length
 //! and the payload. The host sends stdin (0), close-stdin (4) and
@@ -6,6 +7,9 @@
 //! exit (3) frame whose single payload byte is the exit status.
 
 use bytes::{Buf, Bytes, BytesMut};
+
+use crate::service::DeviceService;
+pub use crate::service::{ShellMode, ShellProtocol, ShellService};
 
 /// Feature name a device advertises when it speaks shell protocol v2.
 pub const FEATURE_SHELL_V2: &str = "shell_v2";
@@ -24,10 +28,6 @@ pub enum ShellWireError {
     PayloadTooLarge { len: u64, max: usize },
     #[error("malformed window size {0:?} (expected ROWSxCOLS,XPIXELSxYPIXELS)")]
     BadWindowSize(String),
-    #[error("not a shell or exec service name")]
-    NotShellService,
-    #[error("shell service name has no ':' before the command")]
-    MissingColon,
 }
 
 /// Frame ids of shell protocol v2.
@@ -256,25 +256,7 @@ fn scan_u16(s: &[u8]) -> Option<(u16, &[u8])> {
     Some((v as u16, &s[digits..]))
 }
 
-/// Whether the service speaks shell protocol v2 or passes raw bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ShellProtocol {
-    /// No framing: raw bytes both ways, no exit status (`shell:`, `exec:`).
-    V1,
-    /// Shell protocol v2 frames (`shell,v2:`).
-    V2,
-}
-
-/// How the child's stdio is connected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ShellMode {
-    /// A pseudo-terminal; stderr shares it with stdout.
-    Pty,
-    /// Pipes; with v2, stderr is separate.
-    Raw,
-}
-
-/// A parsed `shell[,arg...]:CMD` or `exec:CMD` request.
+/// What a `shell[,arg...]:CMD` or `exec:CMD` request runs, its defaults applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShellRequest {
     pub protocol: ShellProtocol,
@@ -293,59 +275,50 @@ pub struct ShellRequest {
 /// AOSP's `$TERM` for `shell` when the host sends no (or an empty) `TERM=`.
 pub const DEFAULT_TERM: &str = "dumb";
 
-impl ShellRequest {
-    /// Parses a service name (trailing NULs from the OPEN payload are ignored).
-    ///
-    /// `shell[,arg,...]:CMD`: args `v2`, `pty`, `raw`, `TERM=...`; unknown or
-    /// empty args are ignored as adbd does, the last of `pty`/`raw` wins, and
-    /// without either an empty command gets a pty and any other command pipes.
-    /// `$TERM` defaults to `dumb` as in adbd. `exec:CMD` is v1 + raw with the
-    /// daemon's environment untouched.
-    pub fn parse(service: &str) -> Result<Self, ShellWireError> {
-        let service = service.trim_end_matches('\0');
-        if let Some(command) = service.strip_prefix("exec:") {
-            return Ok(ShellRequest {
-                protocol: ShellProtocol::V1,
-                mode: ShellMode::Raw,
-                term: None,
-                command: command.to_owned(),
-                close_ends_input: true,
-            });
-        }
-        let rest = service
-            .strip_prefix("shell")
-            .filter(|r| r.is_empty() || r.starts_with(',') || r.starts_with(':'))
-            .ok_or(ShellWireError::NotShellService)?;
-        let (args, command) = rest.split_once(':').ok_or(ShellWireError::MissingColon)?;
-
-        let mut protocol = ShellProtocol::V1;
-        let mut mode = None;
-        let mut term = DEFAULT_TERM.to_owned();
-        for arg in args.split(',') {
-            match arg {
-                "v2" => protocol = ShellProtocol::V2,
-                "pty" => mode = Some(ShellMode::Pty),
-                "raw" => mode = Some(ShellMode::Raw),
-                _ => {
-                    if let Some(t) = arg.strip_prefix("TERM=") {
-                        term = t.to_owned();
-                    }
-                }
-            }
-        }
-        let mode = mode.unwrap_or(if command.is_empty() {
+impl From<ShellService> for ShellRequest {
+    /// adbd's defaults for what the name leaves out: without `raw` or
+    /// `pty`, an empty command gets a pty and any other command pipes;
+    /// without `TERM=`, `$TERM` is `dumb`; an empty `TERM=` leaves the
+    /// daemon's environment alone (daemon/shell_service.cpp).
+    fn from(shell: ShellService) -> ShellRequest {
+        let mode = shell.mode.unwrap_or(if shell.command.is_empty() {
             ShellMode::Pty
         } else {
             ShellMode::Raw
         });
-        Ok(ShellRequest {
-            protocol,
+        let term = match shell.term {
+            None => Some(DEFAULT_TERM.to_owned()),
+            Some(term) => (!term.is_empty()).then_some(term),
+        };
+        ShellRequest {
+            protocol: shell.protocol,
             mode,
-            // adbd only overrides $TERM with a non-empty value.
-            term: (!term.is_empty()).then_some(term),
-            command: command.to_owned(),
+            term,
+            command: shell.command,
             close_ends_input: false,
-        })
+        }
+    }
+}
+
+impl ShellRequest {
+    /// What a `shell` or `exec:` service runs; `None` for other services.
+    pub fn from_service(service: DeviceService) -> Option<ShellRequest> {
+        match service {
+            DeviceService::Shell(shell) => Some(shell.into()),
+            DeviceService::Exec(command) => Some(ShellRequest::exec(command)),
+            _ => None,
+        }
+    }
+
+    /// `exec:COMMAND`: v1 and pipes, with the daemon's environment untouched.
+    pub fn exec(command: String) -> ShellRequest {
+        ShellRequest {
+            protocol: ShellProtocol::V1,
+            mode: ShellMode::Raw,
+            term: None,
+            command,
+            close_ends_input: true,
+        }
     }
 }
 
@@ -527,15 +500,13 @@ mod tests {
         }
     }
 
-    fn exec(cmd: &str) -> ShellRequest {
-        ShellRequest {
-            close_ends_input: true,
-            ..req(ShellProtocol::V1, ShellMode::Raw, None, cmd)
-        }
+    /// The request a `shell` or `exec:` name makes.
+    fn request(name: &str) -> ShellRequest {
+        ShellRequest::from_service(name.parse().unwrap()).unwrap()
     }
 
     #[test]
-    fn parse_service_names() {
+    fn requests_get_adbds_defaults() {
         use ShellMode::*;
         use ShellProtocol::*;
         let cases: &[(&str, ShellRequest)] = &[
@@ -558,32 +529,16 @@ mod tests {
             ("shell,raw,pty:x", req(V1, Pty, Some("dumb"), "x")),
             ("shell,,future-arg,v2:x", req(V2, Raw, Some("dumb"), "x")),
             ("shell,TERM=:x", req(V1, Raw, None, "x")),
-            ("shell:ls\0", req(V1, Raw, Some("dumb"), "ls")),
-            ("exec:cat", exec("cat")),
-            ("exec:", exec("")),
-            ("exec:a,b:c", exec("a,b:c")),
         ];
         for (name, want) in cases {
-            assert_eq!(&ShellRequest::parse(name).unwrap(), want, "{name}");
+            assert_eq!(&request(name), want, "{name}");
         }
-    }
-
-    #[test]
-    fn parse_service_rejects() {
-        assert_eq!(
-            ShellRequest::parse("shell"),
-            Err(ShellWireError::MissingColon)
-        );
-        assert_eq!(
-            ShellRequest::parse("shell,v2"),
-            Err(ShellWireError::MissingColon)
-        );
-        for name in ["sync:", "shellx:ls", "exec", "", "Shell:ls", "tcp:5555"] {
-            assert_eq!(
-                ShellRequest::parse(name),
-                Err(ShellWireError::NotShellService),
-                "{name}"
-            );
+        for (name, command) in [("exec:cat", "cat"), ("exec:", ""), ("exec:a,b:c", "a,b:c")] {
+            let want = ShellRequest {
+                close_ends_input: true,
+                ..req(V1, Raw, None, command)
+            };
+            assert_eq!(request(name), want, "{name}");
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use oxadb_wire::service::DeviceService;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// How long after the stream's end the reboot command runs: the host's
@@ -22,24 +23,20 @@ const REBOOT_DELAY: Duration = Duration::from_secs(1);
 /// and no text of its applies. None says "restarting", so adb prints the
 /// line and exits 0 without waiting for the device to come back
 /// (client/commandline.cpp `adb_root`).
-pub fn answer(service: &str, root: bool) -> Option<&'static str> {
-    let name = service.split(':').next().unwrap_or(service);
-    Some(match (name, root) {
-        ("root", true) => "adbd is already running as root\n",
-        ("root", false) => "adbd cannot run as root in production builds\n",
-        ("unroot", true) => {
-            "adbd cannot run as non root: oxadbd keeps the user it was started as\n"
-        }
-        ("unroot", false) => "adbd not running as root\n",
-        ("remount", true) => {
+pub fn answer(service: &DeviceService, root: bool) -> Option<&'static str> {
+    use DeviceService::*;
+    Some(match (service, root) {
+        (Root, true) => "adbd is already running as root\n",
+        (Root, false) => "adbd cannot run as root in production builds\n",
+        (Unroot, true) => "adbd cannot run as non root: oxadbd keeps the user it was started as\n",
+        (Unroot, false) => "adbd not running as root\n",
+        (Remount(_), true) => {
             "remount is not needed: oxadbd does not mount partitions read-only; \
              use `adb shell mount -o remount,rw PATH` for a read-only mount\n"
         }
-        ("remount", false) => "Not running as root. Try \"adb root\" first.\n",
-        ("enable-verity" | "disable-verity", true) => "verity not enabled - ENG build\n",
-        ("enable-verity" | "disable-verity", false) => {
-            "verity cannot be disabled/enabled - USER build\n"
-        }
+        (Remount(_), false) => "Not running as root. Try \"adb root\" first.\n",
+        (EnableVerity | DisableVerity, true) => "verity not enabled - ENG build\n",
+        (EnableVerity | DisableVerity, false) => "verity cannot be disabled/enabled - USER build\n",
         _ => return None,
     })
 }
@@ -110,22 +107,33 @@ pub async fn reboot<S: AsyncWrite + Unpin>(mut stream: S, target: &str, command:
 mod tests {
     use super::*;
 
+    fn answer_to(service: &str, root: bool) -> Option<&'static str> {
+        answer(&service.parse().unwrap(), root)
+    }
+
     #[test]
     fn answers_are_adbds_own_words() {
         assert_eq!(
-            answer("root:", true),
+            answer_to("root:", true),
             Some("adbd is already running as root\n")
         );
-        assert_eq!(answer("unroot:", false), Some("adbd not running as root\n"));
         assert_eq!(
-            answer("disable-verity:", true),
+            answer_to("unroot:", false),
+            Some("adbd not running as root\n")
+        );
+        assert_eq!(
+            answer_to("disable-verity:", true),
             Some("verity not enabled - ENG build\n")
         );
-        assert_eq!(answer("shell:", true), None);
-        for service in ["root:", "unroot:", "remount:", "enable-verity:"] {
+        assert_eq!(
+            answer_to("remount:-R", false),
+            Some("Not running as root. Try \"adb root\" first.\n")
+        );
+        assert_eq!(answer_to("shell:", true), None);
+        for service in ["root:", "unroot:", "remount:", "enable-verity:", "root"] {
             for root in [true, false] {
                 // adb waits for the device to restart after "restarting".
-                assert!(!answer(service, root).unwrap().contains("restarting"));
+                assert!(!answer_to(service, root).unwrap().contains("restarting"));
             }
         }
     }

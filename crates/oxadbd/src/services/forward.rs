@@ -2,6 +2,7 @@
 //! `localfilesystem:PATH`, which `adb forward` opens on the device side.
 
 use std::io;
+use std::num::NonZeroU16;
 
 use oxadb_io::AdbStream;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -16,26 +17,12 @@ pub enum Target {
 }
 
 impl Target {
-    /// Parses a forward service name; `None` if it is not one.
-    pub fn parse(service: &str) -> Option<Result<Target, String>> {
-        if let Some(rest) = service.strip_prefix("tcp:") {
-            // `tcp:PORT` means the device's own loopback; `tcp:HOST:PORT` names a host.
-            let (host, port) = match rest.rsplit_once(':') {
-                Some((host, port)) => (host.to_string(), port),
-                None => ("127.0.0.1".to_string(), rest),
-            };
-            return Some(match port.parse::<u16>() {
-                Ok(port) if port != 0 => Ok(Target::Tcp { host, port }),
-                _ => Err(format!("invalid port in {service:?}")),
-            });
+    /// `tcp:PORT` means the device's own loopback; `tcp:HOST:PORT` names a host.
+    pub fn tcp(host: Option<String>, port: NonZeroU16) -> Target {
+        Target::Tcp {
+            host: host.unwrap_or_else(|| "127.0.0.1".to_string()),
+            port: port.get(),
         }
-        if let Some(name) = service.strip_prefix("localabstract:") {
-            return Some(Ok(Target::LocalAbstract(name.to_string())));
-        }
-        if let Some(path) = service.strip_prefix("localfilesystem:") {
-            return Some(Ok(Target::LocalFilesystem(path.to_string())));
-        }
-        None
     }
 
     /// Connects to the target.
@@ -92,31 +79,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_targets() {
+    fn a_tcp_target_without_a_host_is_loopback() {
+        let port = NonZeroU16::new(8080).unwrap();
         assert_eq!(
-            Target::parse("tcp:8080"),
-            Some(Ok(Target::Tcp {
+            Target::tcp(None, port),
+            Target::Tcp {
                 host: "127.0.0.1".into(),
                 port: 8080
-            }))
+            }
         );
         assert_eq!(
-            Target::parse("tcp:localhost:22"),
-            Some(Ok(Target::Tcp {
-                host: "localhost".into(),
-                port: 22
-            }))
+            Target::tcp(Some("localhost".into()), port).to_string(),
+            "tcp:localhost:8080"
         );
-        assert!(matches!(Target::parse("tcp:x"), Some(Err(_))));
-        assert!(matches!(Target::parse("tcp:0"), Some(Err(_))));
-        assert_eq!(
-            Target::parse("localabstract:foo"),
-            Some(Ok(Target::LocalAbstract("foo".into())))
-        );
-        assert_eq!(
-            Target::parse("localfilesystem:/tmp/s"),
-            Some(Ok(Target::LocalFilesystem("/tmp/s".into())))
-        );
-        assert_eq!(Target::parse("shell:"), None);
     }
 }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oxadb_io::{AdbStream, Connection};
+use oxadb_wire::service::{ForwardError, ForwardRequest};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
@@ -46,61 +47,11 @@ struct Listener {
     socket_file: Option<SocketFile>,
 }
 
-/// What a `reverse:` request asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
-    Forward {
-        local: String,
-        remote: String,
-        no_rebind: bool,
-    },
-    Kill(String),
-    KillAll,
-    List,
-}
-
 /// Why a request failed: the text goes to adb after `FAIL`, which prints it
 /// as `error: TEXT`. The texts adb users and tools match on are adbd's
 /// (`adb.cpp` handle_forward_request).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure(pub String);
-
-impl Request {
-    /// Parses what follows `reverse:`.
-    pub fn parse(command: &str) -> Result<Request, Failure> {
-        match command {
-            "list-forward" => return Ok(Request::List),
-            "killforward-all" => return Ok(Request::KillAll),
-            _ => {}
-        }
-        if let Some(local) = command.strip_prefix("killforward:") {
-            if local.is_empty() || local.contains(';') {
-                return Err(Failure(format!("bad killforward: {local}")));
-            }
-            return Ok(Request::Kill(local.to_string()));
-        }
-        if let Some(rest) = command.strip_prefix("forward:") {
-            let (no_rebind, pair) = match rest.strip_prefix("norebind:") {
-                Some(pair) => (true, pair),
-                None => (false, rest),
-            };
-            let mut pieces = pair.split(';');
-            return match (pieces.next(), pieces.next(), pieces.next()) {
-                (Some(local), Some(remote), None)
-                    if !local.is_empty() && !remote.is_empty() && !remote.starts_with('*') =>
-                {
-                    Ok(Request::Forward {
-                        local: local.to_string(),
-                        remote: remote.to_string(),
-                        no_rebind,
-                    })
-                }
-                _ => Err(Failure(format!("bad forward: {pair}"))),
-            };
-        }
-        Err(Failure("not a reverse forwarding command".into()))
-    }
-}
 
 impl Reverses {
     pub fn new(connection: Connection) -> Arc<Reverses> {
@@ -114,17 +65,22 @@ impl Reverses {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Serves one `reverse:` stream: answers `command` (what follows
-    /// `reverse:`) and closes the stream, as adbd's socketpair service does.
-    pub async fn serve(&self, mut stream: AdbStream, command: &str) -> io::Result<()> {
-        let reply = match Request::parse(command) {
+    /// Serves one `reverse:` stream: answers `request` (what followed
+    /// `reverse:`, or why it did not parse) and closes the stream, as
+    /// adbd's socketpair service does.
+    pub async fn serve(
+        &self,
+        mut stream: AdbStream,
+        request: Result<ForwardRequest, ForwardError>,
+    ) -> io::Result<()> {
+        let reply = match request {
             Ok(request) => self.handle(request).await,
-            Err(failure) => Err(failure),
+            Err(malformed) => Err(Failure(malformed.to_string())),
         };
         let bytes = match reply {
             Ok(body) => body,
             Err(Failure(message)) => {
-                tracing::info!(%command, %message, "reverse request failed");
+                tracing::info!(%message, "reverse request failed");
                 let mut bytes = b"FAIL".to_vec();
                 bytes.extend_from_slice(&length_prefixed(&message));
                 bytes
@@ -135,18 +91,18 @@ impl Reverses {
     }
 
     /// Carries out `request`; `Ok` holds the reply's bytes.
-    pub async fn handle(&self, request: Request) -> Result<Vec<u8>, Failure> {
+    pub async fn handle(&self, request: ForwardRequest) -> Result<Vec<u8>, Failure> {
         match request {
             // adbd sends the list without an OKAY before it (that one is the host server's).
-            Request::List => Ok(length_prefixed(&self.list())),
-            Request::KillAll => {
+            ForwardRequest::List => Ok(length_prefixed(&self.list())),
+            ForwardRequest::KillAll => {
                 let removed = std::mem::take(&mut self.state().listeners);
                 let count = removed.len();
                 stop_all(removed).await;
                 tracing::info!(count, "reverse: removed every listener");
                 Ok(b"OKAY".to_vec())
             }
-            Request::Kill(local) => {
+            ForwardRequest::Kill(local) => {
                 let removed = {
                     let mut state = self.state();
                     let index = state.listeners.iter().position(|l| l.local == local);
@@ -161,7 +117,7 @@ impl Reverses {
                     None => Err(Failure(format!("listener '{local}' not found"))),
                 }
             }
-            Request::Forward {
+            ForwardRequest::Forward {
                 local,
                 remote,
                 no_rebind,
@@ -488,40 +444,6 @@ async fn accept_loop(bound: Bound, remote: Arc<Mutex<String>>, connection: Conne
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_requests() {
-        assert_eq!(Request::parse("list-forward"), Ok(Request::List));
-        assert_eq!(Request::parse("killforward-all"), Ok(Request::KillAll));
-        assert_eq!(
-            Request::parse("killforward:tcp:5"),
-            Ok(Request::Kill("tcp:5".into()))
-        );
-        assert_eq!(
-            Request::parse("forward:norebind:tcp:1;tcp:2"),
-            Ok(Request::Forward {
-                local: "tcp:1".into(),
-                remote: "tcp:2".into(),
-                no_rebind: true
-            })
-        );
-        assert_eq!(
-            Request::parse("forward:tcp:1"),
-            Err(Failure("bad forward: tcp:1".into()))
-        );
-        assert_eq!(
-            Request::parse("forward:tcp:1;*smartsocket*"),
-            Err(Failure("bad forward: tcp:1;*smartsocket*".into()))
-        );
-        assert_eq!(
-            Request::parse("killforward:"),
-            Err(Failure("bad killforward: ".into()))
-        );
-        assert_eq!(
-            Request::parse("frobnicate"),
-            Err(Failure("not a reverse forwarding command".into()))
-        );
-    }
 
     #[test]
     fn tcp_specs_bind_loopback() {

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use oxadb_wire::service::DeviceService;
 use rustix::fs::{Mode, OFlags};
 use rustix::termios::OptionalActions;
 use thiserror::Error;
@@ -29,22 +30,19 @@ pub struct Request {
 }
 
 impl Request {
-    /// Parses a service name; `None` if it is neither `dev:` nor `dev-raw:`.
-    pub fn parse(service: &str) -> Option<Result<Request, String>> {
-        let (rest, raw) = if let Some(rest) = service.strip_prefix("dev-raw:") {
-            (rest, true)
-        } else if let Some(rest) = service.strip_prefix("dev:") {
-            (rest, false)
-        } else {
-            return None;
-        };
-        if rest.is_empty() {
-            return Some(Err(format!("{service:?} names no device path")));
+    /// A `dev:`/`dev-raw:` request for `path`; an empty path names no node.
+    pub fn new(path: &str, raw: bool) -> Result<Request, String> {
+        if path.is_empty() {
+            let service = DeviceService::Dev {
+                path: String::new(),
+                raw,
+            };
+            return Err(format!("{:?} names no device path", service.to_string()));
         }
-        Some(Ok(Request {
-            path: PathBuf::from(rest),
+        Ok(Request {
+            path: PathBuf::from(path),
             raw,
-        }))
+        })
     }
 
     fn service(&self) -> &'static str {
@@ -178,24 +176,22 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
-    fn parses_requests() {
+    fn requests_need_a_path() {
         assert_eq!(
-            Request::parse("dev:/dev/ttyS0"),
-            Some(Ok(Request {
-                path: "/dev/ttyS0".into(),
-                raw: false
-            }))
-        );
-        assert_eq!(
-            Request::parse("dev-raw:/dev/ttyUSB0"),
-            Some(Ok(Request {
+            Request::new("/dev/ttyUSB0", true),
+            Ok(Request {
                 path: "/dev/ttyUSB0".into(),
                 raw: true
-            }))
+            })
         );
-        assert!(matches!(Request::parse("dev:"), Some(Err(_))));
-        assert_eq!(Request::parse("devices"), None);
-        assert_eq!(Request::parse("shell:"), None);
+        assert_eq!(
+            Request::new("", false),
+            Err("\"dev:\" names no device path".into())
+        );
+        assert_eq!(
+            Request::new("", true),
+            Err("\"dev-raw:\" names no device path".into())
+        );
     }
 
     #[test]

@@ -891,7 +891,7 @@ mod tests {
         config: ShellConfig,
     ) -> (DuplexStream, JoinHandle<Result<(), ShellError>>) {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        let req = ShellRequest::parse(service).unwrap();
+        let req = ShellRequest::from_service(service.parse().unwrap()).unwrap();
         let h = tokio::spawn(async move { serve(server, req, &config).await });
         (client, h)
     }

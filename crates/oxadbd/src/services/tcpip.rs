@@ -22,18 +22,9 @@ pub enum Request {
     Usb,
 }
 
-impl Request {
-    /// `tcpip:PORT` / `usb:`; `Err` holds the answer to a bad port.
-    pub fn parse(service: &str) -> Option<Result<Request, String>> {
-        if let Some(port) = service.strip_prefix("tcpip:") {
-            return Some(match port.trim_end_matches('\0').parse::<u16>() {
-                Ok(port) if port > 0 => Ok(Request::Tcp(port)),
-                // adbd's words for a port it cannot use.
-                _ => Err(format!("invalid port {port}\n")),
-            });
-        }
-        service.starts_with("usb:").then_some(Ok(Request::Usb))
-    }
+/// adbd's answer to a `tcpip:` port it cannot use (`port`: the text sent).
+pub fn invalid_port(port: &str) -> String {
+    format!("invalid port {port}\n")
 }
 
 type Message = (Request, oneshot::Sender<String>);
@@ -138,15 +129,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_parse() {
-        assert_eq!(Request::parse("tcpip:5555"), Some(Ok(Request::Tcp(5555))));
-        assert_eq!(Request::parse("usb:"), Some(Ok(Request::Usb)));
-        assert_eq!(
-            Request::parse("tcpip:0"),
-            Some(Err("invalid port 0\n".into()))
-        );
-        assert!(matches!(Request::parse("tcpip:x"), Some(Err(_))));
-        assert_eq!(Request::parse("shell:"), None);
+    fn a_bad_port_is_answered_in_adbds_words() {
+        assert_eq!(invalid_port("0"), "invalid port 0\n");
+        assert_eq!(invalid_port("x"), "invalid port x\n");
     }
 
     #[tokio::test]

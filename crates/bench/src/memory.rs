@@ -127,10 +127,10 @@ pub fn one_run(
             let started = Instant::now();
             // Raw `exec:` has no end-of-input signal short of closing the
             // stream, so the consumer reads exactly what is sent, then exits.
-            let command = format!(
-                "exec:sleep {}; head -c {per_stream} >/dev/null",
+            let command = oxadb::DeviceService::Exec(format!(
+                "sleep {}; head -c {per_stream} >/dev/null",
                 stall.as_secs_f64()
-            );
+            ));
             let mut tasks = Vec::new();
             for i in 0..streams {
                 let mut stream = devices[i % devices.len()].open(&command).await?;

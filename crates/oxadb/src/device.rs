@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use oxadb_engine::{AuthReply, Config, MemoryBudget, Role};
 use oxadb_io::{AdbStream, Auth, Connection, Peer};
+use oxadb_wire::service::DeviceService;
 use oxadb_wire::{feature, Banner};
 
 use crate::error::{Error, Result};
@@ -371,7 +372,13 @@ impl Device {
     }
 
     /// Opens a stream to a service, e.g. `shell,v2,raw:ls` or `sync:`.
-    pub async fn open(&self, service: &str) -> Result<AdbStream> {
+    pub async fn open(&self, service: &DeviceService) -> Result<AdbStream> {
+        self.open_text(&service.to_string()).await
+    }
+
+    /// Opens a stream to a service named in text as given, unchecked
+    /// (`oxadb raw SERVICE`: what a user typed goes to the device as is).
+    pub async fn open_text(&self, service: &str) -> Result<AdbStream> {
         self.connection
             .open(service)
             .await

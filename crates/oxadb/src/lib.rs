@@ -28,6 +28,7 @@ pub use device::{resolve, ConnectOptions, CreditMode, Device, DeviceState};
 pub use error::{Error, Result};
 pub use oxadb_engine::{BudgetLimits, MemoryBudget};
 pub use oxadb_io::{AdbStream, Incoming, StreamStats};
+pub use oxadb_wire::service::DeviceService;
 pub use reverse::{HostEnd, ReverseEntry};
 pub use shell::ShellOutput;
 pub use target::Target;

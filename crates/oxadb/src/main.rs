@@ -6,7 +6,7 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use oxadb::{ConnectOptions, Device};
+use oxadb::{ConnectOptions, Device, DeviceService};
 
 /// The heading of the flow-control flags: for measurements, not daily use,
 /// so only the top-level help lists them and they go before the command
@@ -483,19 +483,24 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
             cli::device_services::reboot(&device, target.as_deref()).await?
         }
         Command::Logcat { args } => cli::shell::logcat(&device, args).await?,
-        Command::Root => cli::device_services::one_shot(&device, "root:").await?,
-        Command::Unroot => cli::device_services::one_shot(&device, "unroot:").await?,
-        Command::Remount => cli::device_services::one_shot(&device, "remount:").await?,
-        Command::DisableVerity => {
-            cli::device_services::one_shot(&device, "disable-verity:").await?
+        Command::Root => cli::device_services::one_shot(&device, &DeviceService::Root).await?,
+        Command::Unroot => cli::device_services::one_shot(&device, &DeviceService::Unroot).await?,
+        Command::Remount => {
+            let remount = DeviceService::Remount(String::new());
+            cli::device_services::one_shot(&device, &remount).await?
         }
-        Command::EnableVerity => cli::device_services::one_shot(&device, "enable-verity:").await?,
+        Command::DisableVerity => {
+            cli::device_services::one_shot(&device, &DeviceService::DisableVerity).await?
+        }
+        Command::EnableVerity => {
+            cli::device_services::one_shot(&device, &DeviceService::EnableVerity).await?
+        }
         Command::Tcpip { port } => {
             let service =
                 cli::device_services::tcpip_service(port.as_deref()).map_err(anyhow::Error::msg)?;
             cli::device_services::one_shot(&device, &service).await?
         }
-        Command::Usb => cli::device_services::one_shot(&device, "usb:").await?,
+        Command::Usb => cli::device_services::one_shot(&device, &DeviceService::Usb).await?,
         Command::Version
         | Command::Keygen { .. }
         | Command::Devices(_)

@@ -10,6 +10,7 @@
 use std::io;
 
 use oxadb_io::Incoming;
+use oxadb_wire::service::{DeviceService, ForwardRequest, ServiceProblem};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use crate::error::{Error, Result};
@@ -37,23 +38,27 @@ impl Device {
         host_spec: &str,
         no_rebind: bool,
     ) -> Result<Option<u16>> {
-        let norebind = if no_rebind { "norebind:" } else { "" };
-        let request = format!("reverse:forward:{norebind}{device_spec};{host_spec}");
+        let request = DeviceService::Reverse(ForwardRequest::Forward {
+            local: device_spec.to_string(),
+            remote: host_spec.to_string(),
+            no_rebind,
+        });
         let rest = self.reverse_request(&request).await?;
         if rest.is_empty() {
             return Ok(None);
         }
         let port = protocol_string(&rest)
             .and_then(|text| text.parse::<u16>().ok())
-            .ok_or_else(|| reply_error(&request, &rest))?;
+            .ok_or_else(|| reply_error(&request.to_string(), &rest))?;
         Ok(Some(port))
     }
 
     /// This connection's reverse listeners, in the order they were made.
     pub async fn reverse_list(&self) -> Result<Vec<ReverseEntry>> {
-        let request = "reverse:list-forward";
-        let reply = self.reverse_reply(request).await?;
-        let text = protocol_string(&reply).ok_or_else(|| reply_error(request, &reply))?;
+        let request = DeviceService::Reverse(ForwardRequest::List);
+        let reply = self.reverse_reply(&request).await?;
+        let text =
+            protocol_string(&reply).ok_or_else(|| reply_error(&request.to_string(), &reply))?;
         Ok(text
             .lines()
             .filter_map(|line| {
@@ -70,14 +75,15 @@ impl Device {
 
     /// Removes this connection's listener on `device_spec`.
     pub async fn reverse_remove(&self, device_spec: &str) -> Result<()> {
-        self.reverse_request(&format!("reverse:killforward:{device_spec}"))
+        let kill = ForwardRequest::Kill(device_spec.to_string());
+        self.reverse_request(&DeviceService::Reverse(kill))
             .await
             .map(drop)
     }
 
     /// Removes all of this connection's listeners.
     pub async fn reverse_remove_all(&self) -> Result<()> {
-        self.reverse_request("reverse:killforward-all")
+        self.reverse_request(&DeviceService::Reverse(ForwardRequest::KillAll))
             .await
             .map(drop)
     }
@@ -91,16 +97,16 @@ impl Device {
     }
 
     /// Sends `request`, expects `OKAY`, returns what follows it.
-    async fn reverse_request(&self, request: &str) -> Result<Vec<u8>> {
+    async fn reverse_request(&self, request: &DeviceService) -> Result<Vec<u8>> {
         let reply = self.reverse_reply(request).await?;
         match reply.strip_prefix(b"OKAY") {
             Some(rest) => Ok(rest.to_vec()),
-            None => Err(reply_error(request, &reply)),
+            None => Err(reply_error(&request.to_string(), &reply)),
         }
     }
 
     /// The whole reply to `request`: the device closes the stream after it.
-    async fn reverse_reply(&self, request: &str) -> Result<Vec<u8>> {
+    async fn reverse_reply(&self, request: &DeviceService) -> Result<Vec<u8>> {
         let mut stream = self.open(request).await?;
         let mut reply = Vec::new();
         stream.read_to_end(&mut reply).await.map_err(|error| {
@@ -150,29 +156,25 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
 
 impl HostEnd {
     pub fn parse(spec: &str) -> std::result::Result<HostEnd, String> {
-        if let Some(port) = spec.strip_prefix("tcp:") {
-            return match port.parse::<u16>() {
-                Ok(port) if port != 0 => Ok(HostEnd::Tcp(port)),
-                _ => Err(format!(
-                    "invalid port in {spec:?}: expected tcp:PORT with PORT 1-65535"
-                )),
-            };
+        let invalid_port =
+            || format!("invalid port in {spec:?}: expected tcp:PORT with PORT 1-65535");
+        match DeviceService::parse(spec) {
+            Ok(DeviceService::Tcp { host: None, port }) => Ok(HostEnd::Tcp(port.get())),
+            // This machine's loopback only: no host to name.
+            Ok(DeviceService::Tcp { host: Some(_), .. }) => Err(invalid_port()),
+            Err(error) if matches!(error.problem, ServiceProblem::TcpPort(_)) => {
+                Err(invalid_port())
+            }
+            Ok(DeviceService::LocalAbstract(name)) if !name.is_empty() => {
+                Ok(HostEnd::LocalAbstract(name))
+            }
+            Ok(DeviceService::LocalFilesystem(path)) if !path.is_empty() => {
+                Ok(HostEnd::LocalFilesystem(path))
+            }
+            _ => Err(format!(
+                "unsupported host end {spec:?}: expected tcp:PORT, localabstract:NAME or localfilesystem:PATH"
+            )),
         }
-        if let Some(name) = spec
-            .strip_prefix("localabstract:")
-            .filter(|n| !n.is_empty())
-        {
-            return Ok(HostEnd::LocalAbstract(name.to_string()));
-        }
-        if let Some(path) = spec
-            .strip_prefix("localfilesystem:")
-            .filter(|p| !p.is_empty())
-        {
-            return Ok(HostEnd::LocalFilesystem(path.to_string()));
-        }
-        Err(format!(
-            "unsupported host end {spec:?}: expected tcp:PORT, localabstract:NAME or localfilesystem:PATH"
-        ))
     }
 
     /// Connects to this end on this machine.

@@ -4,6 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use oxadb_io::AdbStream;
 use oxadb_wire::feature;
+use oxadb_wire::service::{DeviceService, ShellMode, ShellProtocol, ShellService};
 use oxadb_wire::shell::{encode_frame, FrameDecoder, FrameId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 
@@ -69,19 +70,30 @@ pub struct ShellReader {
     serial: String,
 }
 
-/// The service name for `command`, as adb builds it.
-pub fn shell_service(command: &str, options: &ShellOptions, v2: bool) -> String {
-    if !v2 {
-        return format!("shell:{command}");
-    }
-    let mut args = vec!["v2".to_string()];
-    if let Some(term) = &options.term {
-        args.push(format!("TERM={term}"));
-    }
-    if !options.default_type {
-        args.push(if options.pty { "pty" } else { "raw" }.to_string());
-    }
-    format!("shell,{}:{command}", args.join(","))
+/// The service for `command`, as adb asks for it: without shell protocol
+/// v2 no arguments at all, with it `TERM` and the type (unless the device
+/// is to choose).
+pub fn shell_service(command: &str, options: &ShellOptions, v2: bool) -> DeviceService {
+    let shell = if v2 {
+        ShellService {
+            protocol: ShellProtocol::V2,
+            term: options.term.clone(),
+            mode: (!options.default_type).then_some(if options.pty {
+                ShellMode::Pty
+            } else {
+                ShellMode::Raw
+            }),
+            command: command.to_string(),
+        }
+    } else {
+        ShellService {
+            protocol: ShellProtocol::V1,
+            term: None,
+            mode: None,
+            command: command.to_string(),
+        }
+    };
+    DeviceService::Shell(shell)
 }
 
 impl Device {
@@ -136,7 +148,7 @@ impl Device {
 
     /// Runs `command` with `exec:` (no pty, no framing: binary-safe) and returns its output.
     pub async fn exec(&self, command: &str) -> Result<Vec<u8>> {
-        let mut stream = self.open(&format!("exec:{command}")).await?;
+        let mut stream = self.open(&DeviceService::Exec(command.to_string())).await?;
         let mut output = Vec::new();
         stream
             .read_to_end(&mut output)
@@ -299,15 +311,18 @@ mod tests {
     #[test]
     fn service_names_follow_adb() {
         let raw = ShellOptions::default();
-        assert_eq!(shell_service("ls", &raw, true), "shell,v2,raw:ls");
-        assert_eq!(shell_service("ls", &raw, false), "shell:ls");
+        assert_eq!(
+            shell_service("ls", &raw, true).to_string(),
+            "shell,v2,raw:ls"
+        );
+        assert_eq!(shell_service("ls", &raw, false).to_string(), "shell:ls");
         let pty = ShellOptions {
             pty: true,
             term: Some("xterm-256color".into()),
             ..ShellOptions::default()
         };
         assert_eq!(
-            shell_service("", &pty, true),
+            shell_service("", &pty, true).to_string(),
             "shell,v2,TERM=xterm-256color,pty:"
         );
         // adb's logcat: TERM but no type, so the device picks.
@@ -317,7 +332,7 @@ mod tests {
             ..ShellOptions::default()
         };
         assert_eq!(
-            shell_service("exec logcat", &logcat, true),
+            shell_service("exec logcat", &logcat, true).to_string(),
             "shell,v2,TERM=xterm:exec logcat"
         );
     }

@@ -3,12 +3,14 @@
 //! `adb_connect_command` does), plus `sync` and the Android package
 //! commands, which a Linux device cannot serve.
 
+use std::num::NonZeroU16;
+
 use anyhow::Context;
-use oxadb::Device;
+use oxadb::{Device, DeviceService};
 use tokio::io::AsyncWriteExt;
 
 /// Opens `service` and copies what the device answers to stdout.
-pub async fn one_shot(device: &Device, service: &str) -> anyhow::Result<i32> {
+pub async fn one_shot(device: &Device, service: &DeviceService) -> anyhow::Result<i32> {
     let mut stream = device.open(service).await?;
     let mut stdout = tokio::io::stdout();
     tokio::io::copy(&mut stream, &mut stdout)
@@ -20,15 +22,16 @@ pub async fn one_shot(device: &Device, service: &str) -> anyhow::Result<i32> {
 
 /// `reboot [TARGET]`: `reboot:TARGET` (bootloader, recovery, sideload...).
 pub async fn reboot(device: &Device, target: Option<&str>) -> anyhow::Result<i32> {
-    one_shot(device, &format!("reboot:{}", target.unwrap_or(""))).await
+    let target = target.unwrap_or("").to_string();
+    one_shot(device, &DeviceService::Reboot(target)).await
 }
 
 /// `tcpip PORT`, with adb's check of the port.
-pub fn tcpip_service(port: Option<&str>) -> Result<String, String> {
+pub fn tcpip_service(port: Option<&str>) -> Result<DeviceService, String> {
     let port = port.ok_or("adb: tcpip requires an argument")?;
-    match port.parse::<u16>() {
-        Ok(number) if number > 0 => Ok(format!("tcpip:{number}")),
-        _ => Err(format!("adb: tcpip: invalid port: {port}")),
+    match port.parse::<NonZeroU16>() {
+        Ok(number) => Ok(DeviceService::TcpIp(number)),
+        Err(_) => Err(format!("adb: tcpip: invalid port: {port}")),
     }
 }
 
@@ -79,7 +82,10 @@ mod tests {
 
     #[test]
     fn tcpip_checks_the_port_as_adb() {
-        assert_eq!(tcpip_service(Some("5555")).unwrap(), "tcpip:5555");
+        assert_eq!(
+            tcpip_service(Some("5555")).unwrap().to_string(),
+            "tcpip:5555"
+        );
         assert_eq!(
             tcpip_service(None).unwrap_err(),
             "adb: tcpip requires an argument"

@@ -13,7 +13,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
-use oxadb::Device;
+use oxadb::{Device, DeviceService};
+use oxadb_wire::service::ServiceProblem;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -241,17 +242,18 @@ pub async fn forwarder(device: &Device, args: &ForwarderArgs) -> anyhow::Result<
     result
 }
 
+/// REMOTE goes to the device as typed, as adb's server sends it (a
+/// malformed `tcp:` port is the device's to refuse); only the services a
+/// forward can reach are let through.
 fn check_remote(remote: &str) -> anyhow::Result<()> {
-    if ![
-        "tcp:",
-        "localabstract:",
-        "localfilesystem:",
-        "localreserved:",
-        "dev:",
-    ]
-    .iter()
-    .any(|p| remote.starts_with(p))
-    {
+    use DeviceService::*;
+    let reachable = match DeviceService::parse(remote) {
+        Ok(Tcp { .. } | LocalAbstract(_) | LocalFilesystem(_) | LocalReserved(_)) => true,
+        Ok(Dev { raw, .. }) => !raw,
+        Ok(_) => false,
+        Err(error) => matches!(error.problem, ServiceProblem::TcpPort(_)),
+    };
+    if !reachable {
         bail!("unsupported remote forward target {remote:?}: expected tcp:PORT, localabstract:NAME or localfilesystem:PATH");
     }
     Ok(())
@@ -375,7 +377,7 @@ async fn spawn_relay<S>(device: &Device, remote: &str, socket: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    match device.open(remote).await {
+    match device.open_text(remote).await {
         Ok(stream) => {
             tokio::spawn(async move {
                 let (mut adb_read, mut adb_write) = tokio::io::split(stream);

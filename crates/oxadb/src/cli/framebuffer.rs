@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use oxadb::Device;
+use oxadb::{Device, DeviceService};
 use tokio::io::AsyncReadExt;
 
 #[derive(Debug, clap::Args)]
@@ -82,7 +82,7 @@ fn rgb(header: &Header, pixel: &[u8]) -> [u8; 3] {
 }
 
 pub async fn framebuffer(device: &Device, args: &FramebufferArgs) -> anyhow::Result<i32> {
-    let mut stream = device.open("framebuffer:").await?;
+    let mut stream = device.open(&DeviceService::Framebuffer).await?;
     let mut reply = Vec::new();
     stream
         .read_to_end(&mut reply)

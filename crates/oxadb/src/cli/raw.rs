@@ -16,7 +16,7 @@ pub struct RawArgs {
 /// closes the stream. ADB streams have no half-close, so the end of stdin
 /// does not end the stream: what the device still sends is still printed.
 pub async fn raw(device: &Device, args: &RawArgs) -> anyhow::Result<i32> {
-    let stream = device.open(&args.service).await?;
+    let stream = device.open_text(&args.service).await?;
     let (mut from_device, mut to_device) = tokio::io::split(stream);
     let what = || format!("{}: {}", device.serial(), args.service);
     let input = tokio::spawn(async move {

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use oxadb::shell::{ShellEvent, ShellOptions};
-use oxadb::Device;
+use oxadb::{Device, DeviceService};
 use rustix::termios;
 use tokio::io::AsyncReadExt;
 
@@ -199,7 +199,7 @@ async fn run(
 /// Copies a command's raw output to stdout.
 pub async fn exec_out(device: &Device, args: &ExecOutArgs) -> anyhow::Result<i32> {
     let command = args.command.join(" ");
-    let mut stream = device.open(&format!("exec:{command}")).await?;
+    let mut stream = device.open(&DeviceService::Exec(command.clone())).await?;
     let mut stdout = tokio::io::stdout();
     tokio::io::copy(&mut stream, &mut stdout)
         .await

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use oxadb_io::AdbStream;
 use oxadb_transfer::Inbox;
+use oxadb_wire::service::DeviceService;
 use oxadb_wire::sync as wire;
 
 use super::framing::READ_MAX;
@@ -109,7 +110,7 @@ impl SyncSession {
 
     /// Opens `sync:` on `device`, using only `features`.
     pub async fn open_with(device: &Device, features: SyncFeatures) -> Result<SyncSession> {
-        let stream = device.open("sync:").await?;
+        let stream = device.open(&DeviceService::Sync).await?;
         Ok(SyncSession {
             stream,
             serial: device.serial().to_string(),

@@ -190,8 +190,76 @@ def shells():
     write(t, "service-exec", bytes([0x00]) + b"exec:cat /proc/version")
 
 
+# ---- service: a service name, read as a device's and as a host server's ------
+
+
+SERVICES = {
+    # What hosts open on a device.
+    "shell-v1": b"shell:ls -l",
+    "shell-interactive": b"shell:",
+    "shell-v2-pty": b"shell,v2,TERM=xterm-256color,pty:",
+    "shell-v2-raw": b"shell,v2,TERM=dumb,raw:echo a:b,c",
+    "shell-any-order": b"shell,raw,,future,TERM=,v2:id",
+    "shell-no-colon": b"shell,v2",
+    "logcat": b"shell,v2,TERM=xterm:export ANDROID_LOG_TAGS=\"''\"; exec logcat '-d'",
+    "exec": b"exec:cat > /tmp/f",
+    "sync": b"sync:",
+    "tcp-port": b"tcp:8080",
+    "tcp-host-port": b"tcp:localhost:22",
+    "tcp-ipv6": b"tcp:fe80::1:22",
+    "tcp-bad-port": b"tcp:22:localhost",
+    "local-sockets": b"localabstract:chrome_devtools_remote",
+    "localfilesystem": b"localfilesystem:/run/x.sock",
+    "localreserved": b"localreserved:x",
+    "local": b"local:/dev/socket/x",
+    "dev": b"dev:/dev/ttyS0",
+    "dev-raw": b"dev-raw:/dev/ttyUSB0",
+    "jdwp": b"jdwp:1234",
+    "track": b"track-jdwp",
+    "reverse-forward": b"reverse:forward:norebind:tcp:0;localabstract:x",
+    "reverse-bad-forward": b"reverse:forward:tcp:1;*smartsocket*",
+    "reverse-kill": b"reverse:killforward:tcp:8080",
+    "reverse-list": b"reverse:list-forward",
+    "framebuffer": b"framebuffer:",
+    "reboot": b"reboot:bootloader",
+    "remount": b"remount:-R",
+    "root": b"root",
+    "verity": b"disable-verity:",
+    "tcpip": b"tcpip:5555",
+    "tcpip-zero": b"tcpip:0",
+    "usb": b"usb:",
+    "abb": b"abb:package\0list\0packages",
+    "sink": b"sink:1048576",
+    # What clients ask an adb server.
+    "host-version": b"host:version",
+    "host-track-devices": b"host:track-devices-proto-binary",
+    "host-transport": b"host:transport:127.0.0.1:5555",
+    "host-tport": b"host:tport:serial:emulator-5554",
+    "host-transport-id": b"host-transport-id:7:get-state",
+    "host-serial-port": b"host-serial:127.0.0.1:5555:get-serialno",
+    "host-serial-ipv6": b"host-serial:[::1]:5555:forward:tcp:1;tcp:2",
+    "host-serial-usb": b"host-serial:usb:1-2.3:get-devpath",
+    "host-serial-vsock": b"host-serial:vsock:3:5555:get-state",
+    "host-serial-tcp": b"host-serial:tcp:10.0.0.1:5555:wait-for-any-device",
+    "host-serial-empty-port": b"host-serial:abc::get-state",
+    "host-usb": b"host-usb:killforward-all",
+    "host-local": b"host-local:list-forward",
+    "host-connect": b"host:connect:192.168.1.2:5555",
+    "host-disconnect-all": b"host:disconnect:",
+    "host-pair": b"host:pair:123456:192.168.1.2:37000",
+    "host-mdns": b"host:mdns:services",
+    "host-emulator": b"host:emulator:5554",
+}
+
+
+def services():
+    for name, text in SERVICES.items():
+        write("service", name, text)
+
+
 if __name__ == "__main__":
     packets()
     banners()
     syncs()
     shells()
+    services()

@@ -24,7 +24,7 @@ use std::str::FromStr;
 
 /// A service name the text of which did not parse, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{problem} in service {service:?}")]
+#[error("{service:?}: {problem}")]
 pub struct ServiceError {
     /// The text as received.
     pub service: String,
@@ -201,7 +201,8 @@ pub enum DeviceService {
 }
 
 impl DeviceService {
-    /// Parses an OPEN packet's service name (without its trailing NUL).
+    /// Parses an OPEN packet's service name as the engine hands it over,
+    /// its trailing NULs removed (one left would end the last field).
     pub fn parse(service: &str) -> Result<DeviceService, ServiceError> {
         parse_device(service).map_err(|problem| ServiceError::new(service, problem))
     }
@@ -1088,15 +1089,9 @@ mod tests {
     #[test]
     fn errors_name_the_service() {
         let error = DeviceService::parse("tcp:http").unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            r#"invalid port "http" in service "tcp:http""#
-        );
+        assert_eq!(error.to_string(), r#""tcp:http": invalid port "http""#);
         let error = HostService::parse("frobnicate").unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            r#"unknown service in service "frobnicate""#
-        );
+        assert_eq!(error.to_string(), r#""frobnicate": unknown service"#);
     }
 
     const CANONICAL_HOST: &[&str] = &[

@@ -2,7 +2,6 @@
 //! renamed over the destination, or in place when the destination cannot be
 //! replaced (a device node, a FIFO, a kernel interface file).
 
-use std::fmt;
 use std::fs::{self, File, FileTimes, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -11,8 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{debug, warn};
 
+use crate::dest_error::{DestError, Step};
 use crate::durable::{durability, sync_dirs, sync_file, sync_in_place, Durability};
-use crate::temp::{create_beside, process_umask, TempEntry};
+use crate::temp::{create_beside, TempEntry};
 use crate::{is_special, on_kernel_interface_fs, Policy};
 
 /// How a finished file gets its mode.
@@ -40,67 +40,6 @@ pub struct Attributes {
     /// both set the pair).
     pub mtime: Option<i64>,
 }
-
-/// The step of a destination's life that failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// Making the temporary file (or the destination is a directory).
-    Create,
-    /// Making the missing parent directory named.
-    CreateDir(PathBuf),
-    /// Opening a destination that is written in place.
-    OpenInPlace,
-    /// Writing the data (also copying into a busy destination).
-    Write,
-    /// Giving the file its mode or times.
-    Attributes,
-    /// Renaming the temporary file over the destination.
-    Replace,
-    /// Flushing the finished file to storage (where a full disk or a failing
-    /// one may show first, with delayed allocation).
-    SyncFile,
-    /// Flushing the directory that got the new entry (named).
-    SyncDir(PathBuf),
-}
-
-/// A failed destination step and its cause; each role words it its own way.
-#[derive(Debug)]
-pub struct DestError {
-    pub step: Step,
-    pub error: io::Error,
-}
-
-impl DestError {
-    pub(crate) fn new(step: Step, error: io::Error) -> DestError {
-        DestError { step, error }
-    }
-}
-
-impl fmt::Display for DestError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.step {
-            Step::CreateDir(dir) => {
-                write!(
-                    f,
-                    "couldn't create directory '{}': {}",
-                    dir.display(),
-                    self.error
-                )
-            }
-            Step::SyncDir(dir) => {
-                write!(
-                    f,
-                    "couldn't sync directory '{}': {}",
-                    dir.display(),
-                    self.error
-                )
-            }
-            _ => self.error.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for DestError {}
 
 enum Kind {
     /// A temporary file beside the destination, renamed over it once complete.
@@ -406,6 +345,29 @@ fn apply_exact_mode(file: &File, mode: u32, path: &Path) {
     }
 }
 
+/// This process's umask (read once).
+pub fn process_umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(read_umask)
+}
+
+/// The umask, read without changing it (`/proc/self/status`), else by the
+/// set-and-restore dance.
+fn read_umask() -> u32 {
+    if let Ok(status) = fs::read_to_string("/proc/self/status") {
+        for line in status.lines() {
+            if let Some(value) = line.strip_prefix("Umask:") {
+                if let Ok(mask) = u32::from_str_radix(value.trim(), 8) {
+                    return mask;
+                }
+            }
+        }
+    }
+    let mask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    rustix::process::umask(mask);
+    mask.as_raw_mode()
+}
+
 fn unix_time(seconds: i64) -> SystemTime {
     if seconds >= 0 {
         SystemTime::UNIX_EPOCH + Duration::from_secs(seconds as u64)
@@ -444,6 +406,12 @@ pub fn set_times_at(path: &Path, mtime: i64, follow: bool) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn umask_is_read() {
+        let mask = process_umask();
+        assert_eq!(mask & !0o777, 0);
+    }
 
     #[test]
     fn copy_into_busy_replaces_longer_and_shorter_content_exactly() {

@@ -24,6 +24,7 @@
 // lints, which every member shares (root Cargo.toml).
 #![forbid(unsafe_code)]
 
+mod dest_error;
 mod destination;
 mod durable;
 mod inbox;
@@ -34,7 +35,8 @@ mod temp;
 #[cfg(test)]
 mod testdata;
 
-pub use destination::{set_times_at, Attributes, DestError, Destination, ModeRule, Step};
+pub use dest_error::{DestError, Step};
+pub use destination::{process_umask, set_times_at, Attributes, Destination, ModeRule};
 pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
 pub use journal::{close_journal, open_journal, JournalError, Sweep};
@@ -43,7 +45,7 @@ pub use source::{
     send_frames, set_zero_copy, zero_copy_enabled, zero_copy_from_env, BufferPool, FrameRanges,
     Framing, SendError, Source, ZERO_COPY_ENV,
 };
-pub use temp::{create_beside, process_umask, TempEntry};
+pub use temp::{create_beside, TempEntry};
 
 use std::path::Path;
 

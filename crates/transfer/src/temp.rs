@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tracing::warn;
 
-use crate::destination::{DestError, Step};
+use crate::dest_error::{DestError, Step};
 use crate::durable::{parent_dir, record, Event};
 use crate::Policy;
 
@@ -157,38 +157,9 @@ pub fn create_beside<T>(
     ))
 }
 
-/// This process's umask (read once).
-pub fn process_umask() -> u32 {
-    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *UMASK.get_or_init(read_umask)
-}
-
-/// The umask, read without changing it (`/proc/self/status`), else by the
-/// set-and-restore dance.
-fn read_umask() -> u32 {
-    if let Ok(status) = fs::read_to_string("/proc/self/status") {
-        for line in status.lines() {
-            if let Some(value) = line.strip_prefix("Umask:") {
-                if let Ok(mask) = u32::from_str_radix(value.trim(), 8) {
-                    return mask;
-                }
-            }
-        }
-    }
-    let mask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
-    rustix::process::umask(mask);
-    mask.as_raw_mode()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn umask_is_read() {
-        let mask = process_umask();
-        assert_eq!(mask & !0o777, 0);
-    }
 
     #[test]
     fn remove_unfinished_takes_only_its_prefix() {

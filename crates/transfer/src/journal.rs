@@ -1,6 +1,9 @@
-//! The journal of directories that may hold this process's temporary entries,
-//! so that a restarted process finds what a killed one (SIGKILL, a power
-//! cut) left beside its destinations, and removes it at start.
+//! What this process has unfinished: its temporary entries not yet renamed
+//! into place, in memory (so that a process told to stop removes them while
+//! the threads writing them may still hold them), and the journal of the
+//! directories that may hold them, on disk (so that a restarted process finds
+//! what a killed one, SIGKILL or a power cut, left beside its destinations,
+//! and removes it at start).
 //!
 //! Cheap by design: what is recorded is the *directory*, once per process, not
 //! each temporary entry. A push into a directory already recorded costs
@@ -22,7 +25,7 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tracing::{debug, warn};
 
@@ -33,6 +36,46 @@ use crate::Durability;
 const JOURNAL_PREFIX: &str = "pending-dirs.";
 
 static JOURNAL: OnceLock<Journal> = OnceLock::new();
+
+/// Temporary entries in progress, of every role this process plays.
+static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn unfinished() -> MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn has_prefix(path: &Path, prefix: &str) -> bool {
+    path.file_name()
+        .is_some_and(|name| name.as_encoded_bytes().starts_with(prefix.as_bytes()))
+}
+
+/// Notes a temporary entry just made; it stays unfinished until [`unregister`].
+pub(crate) fn register(path: &Path) {
+    unfinished().push(path.to_path_buf());
+}
+
+/// A temporary entry renamed into place or removed.
+pub(crate) fn unregister(path: &Path) {
+    unfinished().retain(|p| p != path);
+}
+
+/// Removes the unfinished entries whose names start with `prefix`.
+pub(crate) fn remove_unfinished(prefix: &str) -> usize {
+    let mut entries = unfinished();
+    let mut removed = 0;
+    entries.retain(|path| {
+        if !has_prefix(path, prefix) {
+            return true;
+        }
+        if fs::remove_file(path).is_ok() {
+            removed += 1;
+        }
+        false
+    });
+    removed
+}
 
 /// Why the journal could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -160,12 +203,25 @@ pub fn open_journal(state_dir: &Path, prefix: &'static str) -> Result<Sweep, Jou
     Ok(sweep)
 }
 
-/// Removes this process's journal, for a process that stops with no
-/// temporary entry left (it would only cost the next start a sweep).
-pub fn close_journal() {
-    if let Some(journal) = JOURNAL.get() {
-        if let Err(e) = fs::remove_file(&journal.path) {
+/// Removes this process's journal, for a process that stops: it would only
+/// cost the next start a sweep. Kept (false) while an entry of its prefix is
+/// unfinished: a thread may still hold it when the process ends, and only the
+/// journal says where it is.
+pub fn close_journal() -> bool {
+    let Some(journal) = JOURNAL.get() else {
+        return false;
+    };
+    if unfinished()
+        .iter()
+        .any(|path| has_prefix(path, journal.prefix))
+    {
+        return false;
+    }
+    match fs::remove_file(&journal.path) {
+        Ok(()) => true,
+        Err(e) => {
             warn!("couldn't remove journal '{}': {e}", journal.path.display());
+            false
         }
     }
 }

@@ -106,7 +106,7 @@ impl Policy {
     /// progress, for a process that is shutting down (a signal handler).
     /// Returns how many were removed.
     pub fn remove_unfinished(&self) -> usize {
-        temp::remove_unfinished(self.temp_prefix)
+        journal::remove_unfinished(self.temp_prefix)
     }
 
     /// Whether `name` (a file name) is one of this policy's temporary files.

@@ -1,50 +1,21 @@
-//! Temporary directory entries beside a destination, and the process-wide
-//! registry of those not yet renamed into place, so that a process told to
-//! stop can remove them (the threads writing them may still hold them).
+//! Temporary directory entries beside a destination, made under a name that
+//! says who owns them and recorded in the journal until renamed into place.
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use tracing::warn;
 
 use crate::dest_error::{DestError, Step};
 use crate::durable::{parent_dir, record, Event};
+use crate::journal;
 use crate::Policy;
 
-/// Temporary entries in progress, of every role this process plays.
-static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Makes temporary names unique within this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unfinished() -> MutexGuard<'static, Vec<PathBuf>> {
-    UNFINISHED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn has_prefix(path: &Path, prefix: &str) -> bool {
-    path.file_name()
-        .is_some_and(|name| name.as_encoded_bytes().starts_with(prefix.as_bytes()))
-}
-
-/// Removes the registered entries whose names start with `prefix`.
-pub(crate) fn remove_unfinished(prefix: &str) -> usize {
-    let mut entries = unfinished();
-    let mut removed = 0;
-    entries.retain(|path| {
-        if !has_prefix(path, prefix) {
-            return true;
-        }
-        if fs::remove_file(path).is_ok() {
-            removed += 1;
-        }
-        false
-    });
-    removed
-}
 
 /// A temporary directory entry that is removed unless renamed into place.
 #[derive(Debug)]
@@ -58,7 +29,7 @@ pub struct TempEntry {
 
 impl TempEntry {
     fn new(path: PathBuf, changed_dirs: Vec<PathBuf>) -> TempEntry {
-        unfinished().push(path.clone());
+        journal::register(&path);
         TempEntry {
             path,
             armed: true,
@@ -94,7 +65,7 @@ impl TempEntry {
 
 impl Drop for TempEntry {
     fn drop(&mut self) {
-        unfinished().retain(|p| p != &self.path);
+        journal::unregister(&self.path);
         if self.armed {
             if let Err(e) = fs::remove_file(&self.path) {
                 warn!("sync: couldn't remove '{}': {e}", self.path.display());
@@ -115,7 +86,7 @@ pub fn create_beside<T>(
     let mut changed_dirs = vec![dir.clone()];
     let mut made_parents = false;
     // Recorded before the entry exists, so a crash right after leaves nothing unknown.
-    crate::journal::note_dir(&dir, policy.temp_prefix);
+    journal::note_dir(&dir, policy.temp_prefix);
     // Names are unique per process; a clash means a leftover from a dead process.
     for _ in 0..64 {
         let name = format!(

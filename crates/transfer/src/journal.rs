@@ -6,7 +6,7 @@
 //! and removes it at start).
 //!
 //! Cheap by design: what is recorded is the *directory*, once per process, not
-//! each temporary entry. A push into a directory already recorded costs
+//! each temporary entry. A transfer into a directory already recorded costs
 //! nothing more; a new directory costs one append (and one `fdatasync` unless
 //! durability is `none`, since a power cut may keep the temporary entry and
 //! lose an unsynced journal line). The entry's name says who owns it
@@ -14,22 +14,23 @@
 //! owner is no longer running.
 //!
 //! Each process appends to a file of its own, `pending-dirs.<pid>`, in the
-//! state directory: several daemons may share one state directory (tests run
-//! many at once) without locking, and a sweep never rewrites a live process's
-//! journal. A journal is removed once swept, or when its process stops with
-//! nothing left unfinished.
+//! state directory: several daemons, or the oxadb commands of one user
+//! pulling at once, share one state directory without locking, and a sweep
+//! never rewrites a live process's journal. A journal is removed once swept,
+//! or when its process stops with nothing left unfinished.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tracing::{debug, warn};
 
 use crate::durable::{durability, sync_dir};
+use crate::state_dir::{make_state_dir, StateDirError};
 use crate::Durability;
 
 /// Journal file names: this prefix and the owning process's id.
@@ -80,18 +81,14 @@ pub(crate) fn remove_unfinished(prefix: &str) -> usize {
 /// Why the journal could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
+    #[error(transparent)]
+    StateDir(#[from] StateDirError),
     #[error("state directory '{}': {action}: {source}", path.display())]
     Io {
         action: &'static str,
         path: PathBuf,
         source: io::Error,
     },
-    #[error(
-        "state directory '{}': owned by uid {uid} with mode {mode:o}: it must be this \
-         process's own and not writable by others (its journals say what to delete)",
-        path.display()
-    )]
-    NotPrivate { path: PathBuf, uid: u32, mode: u32 },
     #[error("a journal is already open in this process ('{}')", .0.display())]
     AlreadyOpen(PathBuf),
 }
@@ -110,6 +107,23 @@ pub struct Sweep {
     pub problems: Vec<String>,
 }
 
+impl Sweep {
+    /// The first `shown` removed paths, then how many more: a tree of
+    /// leftovers would flood a log line.
+    pub fn removed_list(&self, shown: usize) -> String {
+        let mut names: Vec<String> = self
+            .removed
+            .iter()
+            .take(shown)
+            .map(|p| p.display().to_string())
+            .collect();
+        if self.removed.len() > names.len() {
+            names.push(format!("and {} more", self.removed.len() - names.len()));
+        }
+        names.join(", ")
+    }
+}
+
 struct Journal {
     /// This process's journal file.
     path: PathBuf,
@@ -119,7 +133,8 @@ struct Journal {
     recorded: Mutex<HashSet<PathBuf>>,
 }
 
-/// Sweeps `state_dir` (made if missing, mode 0700) for the journals of
+/// Sweeps `state_dir` (made if missing, mode 0700, and refused unless private:
+/// [`make_state_dir`]) for the journals of
 /// processes no longer running, removes the temporary entries named
 /// `<prefix><pid>.<n>` they point at whose owner is gone, and opens this
 /// process's journal. Must run before this process makes any temporary entry
@@ -136,20 +151,7 @@ pub fn open_journal(state_dir: &Path, prefix: &'static str) -> Result<Sweep, Jou
     if let Some(journal) = JOURNAL.get() {
         return Err(JournalError::AlreadyOpen(journal.path.clone()));
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-        .map_err(io_error("creating it", state_dir))?;
-    let md = fs::metadata(state_dir).map_err(io_error("reading it", state_dir))?;
-    let euid = rustix::process::geteuid().as_raw();
-    if md.uid() != euid || md.mode() & 0o022 != 0 {
-        return Err(JournalError::NotPrivate {
-            path: state_dir.to_path_buf(),
-            uid: md.uid(),
-            mode: md.mode() & 0o7777,
-        });
-    }
+    make_state_dir(state_dir)?;
     let mut sweep = Sweep::default();
     let me = std::process::id();
     let entries = fs::read_dir(state_dir).map_err(io_error("listing it", state_dir))?;
@@ -375,34 +377,64 @@ fn temp_owner(name: &[u8], prefix: &str) -> Option<u32> {
     std::str::from_utf8(pid).ok()?.parse().ok()
 }
 
-/// Whether process `pid` may own the entry `md` describes: it runs the same
-/// program as this process (its `comm`) and started no later than the entry
-/// last changed (a reused pid started afterwards). In doubt it does: a live
-/// transfer must never lose its file.
+/// Whether process `pid` may own the entry `md` describes: it runs (not a
+/// zombie) and started no later than the entry last changed (a pid reused
+/// since started afterwards). Its program is not compared: the prefixes are
+/// this library's, and tests and other programs use it under their own
+/// names. In doubt it does: a live transfer must never lose its file.
 fn owner_runs(pid: u32, md: &fs::Metadata) -> bool {
-    let Ok(comm) = fs::read_to_string(format!("/proc/{pid}/comm")) else {
-        return false;
-    };
-    let own = fs::read_to_string("/proc/self/comm").unwrap_or_default();
-    if comm != own {
-        return false;
-    }
-    match process_start_secs(pid) {
+    match process_state(pid) {
+        Ok(Some(ProcessState { dead: true, .. })) => false,
         // A second of slack for the clock tick rounding of the start time.
-        Some(started) => started <= md.ctime() + 1,
-        None => true,
+        Ok(Some(ProcessState {
+            started: Some(started),
+            ..
+        })) => started <= md.ctime() + 1,
+        Ok(Some(ProcessState { started: None, .. })) => true,
+        Ok(None) => false,
+        Err(_) => true,
     }
 }
 
-/// When process `pid` started, in seconds since the epoch (proc(5):
-/// `starttime` in `/proc/PID/stat` counts clock ticks since boot, `btime`
-/// in `/proc/stat` is the boot time).
-fn process_start_secs(pid: u32) -> Option<i64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// What `/proc/PID/stat` says of a process.
+struct ProcessState {
+    /// A zombie (killed, not yet reaped) or dead: it makes no more changes.
+    dead: bool,
+    /// When it started, in seconds since the epoch, when that can be told.
+    started: Option<i64>,
+}
+
+/// `Ok(None)` when no process `pid` exists; an error when its entry cannot
+/// be read (whether it runs is then unknown).
+fn process_state(pid: u32) -> io::Result<Option<ProcessState>> {
+    if pid == 0 {
+        return Ok(None);
+    }
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
     // Fields after the command name, which may itself hold blanks and ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    // `starttime` is field 22; `after` begins with field 3.
-    let ticks: i64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let after = stat
+        .rfind(')')
+        .map(|at| &stat[at + 1..])
+        .unwrap_or_default();
+    let mut fields = after.split_whitespace();
+    // proc(5): field 3 is the state, Z a zombie and X (or x) dead.
+    let dead = matches!(fields.next(), Some("Z" | "X" | "x"));
+    // `starttime` is field 22: 18 fields after the state.
+    let started = fields
+        .nth(18)
+        .and_then(|ticks| ticks.parse().ok())
+        .and_then(start_secs);
+    Ok(Some(ProcessState { dead, started }))
+}
+
+/// Seconds since the epoch of a start `ticks` clock ticks after boot
+/// (proc(5): `starttime` counts ticks since boot, `btime` in `/proc/stat` is
+/// the boot time).
+fn start_secs(ticks: i64) -> Option<i64> {
     let boot: i64 = fs::read_to_string("/proc/stat")
         .ok()?
         .lines()
@@ -427,7 +459,13 @@ mod tests {
         fs::set_permissions(&state, fs::Permissions::from_mode(0o1777)).unwrap();
         let error = open_journal(&state, ".oxadb-sharedtest.").unwrap_err();
         let text = error.to_string();
-        assert!(matches!(error, JournalError::NotPrivate { .. }), "{text}");
+        assert!(
+            matches!(
+                error,
+                JournalError::StateDir(StateDirError::NotPrivate { .. })
+            ),
+            "{text}"
+        );
         assert!(text.contains(&format!("'{}'", state.display())), "{text}");
         assert!(text.contains("mode 1777"), "{text}");
         assert!(JOURNAL.get().is_none());
@@ -443,17 +481,48 @@ mod tests {
     }
 
     #[test]
-    fn this_process_runs_and_a_later_start_does_not_own_older_entries() {
+    fn this_process_runs_and_pid_zero_never_does() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         fs::write(&file, b"x").unwrap();
         let md = fs::metadata(&file).unwrap();
         // This process started before the file was made.
         assert!(owner_runs(std::process::id(), &md));
-        let started = process_start_secs(std::process::id()).unwrap();
-        assert!(started <= md.ctime() + 1);
+        let me = process_state(std::process::id()).unwrap().unwrap();
+        assert!(!me.dead);
+        assert!(me.started.unwrap() <= md.ctime() + 1);
         // pid 0 is never a process with a /proc entry.
         assert!(!owner_runs(0, &md));
+    }
+
+    #[test]
+    fn another_program_owns_newer_entries_only_while_it_runs() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        let new = fs::metadata(&file).unwrap();
+        // Started before the entry changed: it may own it, whatever its program.
+        assert!(owner_runs(pid, &new));
+        // A file installed long before the child started is no entry of its:
+        // its pid would have been reused.
+        let old = fs::metadata("/bin/sh").unwrap();
+        assert!(!owner_runs(pid, &old));
+        // Killed but not yet reaped (a zombie): gone.
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !process_state(pid).unwrap().unwrap().dead {
+            assert!(std::time::Instant::now() < deadline, "no zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!owner_runs(pid, &new));
+        child.wait().unwrap();
+        assert!(process_state(pid).unwrap().is_none());
+        assert!(!owner_runs(pid, &new));
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod inbox;
 mod journal;
 mod sink;
 mod source;
+mod state_dir;
 mod temp;
 #[cfg(test)]
 mod testdata;
@@ -45,6 +46,7 @@ pub use source::{
     send_frames, set_zero_copy, zero_copy_enabled, zero_copy_from_env, BufferPool, FrameRanges,
     Framing, SendError, Source, ZERO_COPY_ENV,
 };
+pub use state_dir::{make_state_dir, user_state_dir, StateDirError};
 pub use temp::{create_beside, TempEntry};
 
 use std::path::Path;

@@ -17,8 +17,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:5555";
 pub const DEFAULT_FRAMEBUFFER: &str = "/dev/fb0";
 /// Read when present and no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/oxadbd/oxadbd.toml";
-/// The state directory (the push journal), when it exists: the package's
-/// systemd unit makes it (`StateDirectory=oxadbd`).
+/// The state directory (the push journal, the mDNS instance name): the
+/// package's systemd unit makes it (`StateDirectory=oxadbd`), a daemon that
+/// may makes it itself, and one that may not uses its user's ([`StateDir`]).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/oxadbd";
 
 #[derive(Debug, Error)]
@@ -154,7 +155,7 @@ pub struct FileConfig {
     /// How far a pushed file is flushed before `OKAY`: `full`, `rename` or `none`.
     pub durability: Option<String>,
     /// Where the journal of directories holding temporary push files lives
-    /// (default /var/lib/oxadbd, used when it exists).
+    /// (default /var/lib/oxadbd, else the user's own: [`StateDir`]).
     pub state_dir: Option<PathBuf>,
     /// Seconds pushes in flight may take to finish after SIGTERM.
     pub stop_grace: Option<u64>,
@@ -870,6 +871,98 @@ pub fn default_product_device() -> String {
     }
 }
 
+/// Where the daemon keeps its state (the push journal, the mDNS instance
+/// name), and why there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateDir {
+    /// `--state-dir` or the config file's `state-dir`: used as given, and a
+    /// daemon that cannot use it does not start.
+    Given(PathBuf),
+    /// [`DEFAULT_STATE_DIR`], found or made.
+    System(PathBuf),
+    /// The user's own (`$XDG_STATE_HOME/oxadbd`, else
+    /// `~/.local/state/oxadbd`), for a daemon that may not make or use the
+    /// system one (run without sudo); `system_unusable` says why.
+    User {
+        path: PathBuf,
+        system_unusable: String,
+    },
+    /// Neither could be used: why not, for each.
+    None {
+        system_unusable: String,
+        user_unusable: String,
+    },
+}
+
+impl StateDir {
+    /// The directory given, else the system one (made if missing, mode
+    /// 0700), else the user's (the same), each used only when it is this
+    /// process's own and private ([`oxadb_transfer::make_state_dir`]).
+    pub fn resolve(given: Option<PathBuf>) -> StateDir {
+        StateDir::resolve_from(
+            given,
+            Path::new(DEFAULT_STATE_DIR),
+            oxadb_transfer::user_state_dir("oxadbd"),
+        )
+    }
+
+    fn resolve_from(given: Option<PathBuf>, system: &Path, user: Option<PathBuf>) -> StateDir {
+        if let Some(dir) = given {
+            return StateDir::Given(dir);
+        }
+        let system_unusable = match make_system_state_dir(system) {
+            Ok(()) => return StateDir::System(system.to_path_buf()),
+            Err(error) => error.to_string(),
+        };
+        let Some(path) = user else {
+            return StateDir::None {
+                system_unusable,
+                user_unusable: "no user state directory: neither XDG_STATE_HOME nor HOME is set"
+                    .into(),
+            };
+        };
+        match oxadb_transfer::make_state_dir(&path) {
+            Ok(()) => StateDir::User {
+                path,
+                system_unusable,
+            },
+            Err(error) => StateDir::None {
+                system_unusable,
+                user_unusable: error.to_string(),
+            },
+        }
+    }
+
+    /// The directory to use, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            StateDir::Given(path) | StateDir::System(path) | StateDir::User { path, .. } => {
+                Some(path)
+            }
+            StateDir::None { .. } => None,
+        }
+    }
+}
+
+/// Makes the system state directory if it is missing, but not its parent
+/// (`/var/lib` is not the daemon's to make, and would get mode 0700), then
+/// checks it as any state directory.
+fn make_system_state_dir(dir: &Path) -> Result<(), oxadb_transfer::StateDirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(oxadb_transfer::StateDirError::Io {
+                action: "creating it",
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    }
+    oxadb_transfer::make_state_dir(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1455,6 +1548,100 @@ mod tests {
         let flags = DeviceSettings::resolve(Some("/sbin/reboot".into()), true, &file);
         assert_eq!(flags.reboot_command.as_deref(), Some("/sbin/reboot"));
         assert!(DeviceSettings::resolve(None, false, &FileConfig::default()).allow_tcpip);
+    }
+}
+
+#[cfg(test)]
+mod state_dir_tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_given_directory_wins_untouched() {
+        let root = tempfile::tempdir().unwrap();
+        let system = root.path().join("oxadbd");
+        let given = root.path().join("given");
+        let chosen = StateDir::resolve_from(Some(given.clone()), &system, None);
+        assert_eq!(chosen, StateDir::Given(given.clone()));
+        assert_eq!(chosen.path(), Some(given.as_path()));
+        // Made (and checked) by the journal when it opens, not here.
+        assert!(!given.exists() && !system.exists());
+    }
+
+    #[test]
+    fn the_system_directory_is_made_when_it_may_be() {
+        let root = tempfile::tempdir().unwrap();
+        let system = root.path().join("oxadbd");
+        let user = root.path().join("home/.local/state/oxadbd");
+        let chosen = StateDir::resolve_from(None, &system, Some(user.clone()));
+        assert_eq!(chosen, StateDir::System(system.clone()));
+        assert_eq!(mode(&system), 0o700);
+        assert!(!user.exists());
+        // Its parent is not made: that is the system's.
+        let deeper = root.path().join("var/lib/oxadbd");
+        let chosen = StateDir::resolve_from(None, &deeper, Some(user.clone()));
+        assert!(matches!(chosen, StateDir::User { .. }), "{chosen:?}");
+        assert!(!root.path().join("var").exists());
+    }
+
+    #[test]
+    fn a_daemon_that_may_not_use_the_system_directory_uses_its_users() {
+        let root = tempfile::tempdir().unwrap();
+        // Not makeable, whoever runs the test: its parent is a file.
+        let file = root.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let system = file.join("oxadbd");
+        let user = root.path().join("home/.local/state/oxadbd");
+        let chosen = StateDir::resolve_from(None, &system, Some(user.clone()));
+        let StateDir::User {
+            path,
+            system_unusable,
+        } = &chosen
+        else {
+            panic!("{chosen:?}");
+        };
+        assert_eq!(path, &user);
+        assert!(
+            system_unusable.contains(&format!("'{}'", system.display())),
+            "{system_unusable}"
+        );
+        assert_eq!(mode(&user), 0o700);
+        assert_eq!(chosen.path(), Some(user.as_path()));
+        // One that exists but is not private (another user's, or shared)
+        // is passed over too.
+        let shared = root.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let chosen = StateDir::resolve_from(None, &shared, Some(user.clone()));
+        assert!(matches!(chosen, StateDir::User { .. }), "{chosen:?}");
+    }
+
+    #[test]
+    fn without_either_the_reasons_for_both_are_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let chosen = StateDir::resolve_from(None, &file.join("system"), None);
+        let StateDir::None {
+            system_unusable,
+            user_unusable,
+        } = &chosen
+        else {
+            panic!("{chosen:?}");
+        };
+        assert!(system_unusable.contains("creating it"), "{system_unusable}");
+        assert!(user_unusable.contains("HOME"), "{user_unusable}");
+        assert_eq!(chosen.path(), None);
+        let chosen =
+            StateDir::resolve_from(None, &file.join("system"), Some(file.join("user/oxadbd")));
+        let StateDir::None { user_unusable, .. } = &chosen else {
+            panic!("{chosen:?}");
+        };
+        assert!(user_unusable.contains("user/oxadbd"), "{user_unusable}");
     }
 }
 

@@ -83,7 +83,8 @@ struct Args {
     durability: Option<oxadb_transfer::Durability>,
     /// Where the journal of directories holding temporary push files is
     /// kept, so that a restart removes what a killed daemon left (made if
-    /// missing) [default: /var/lib/oxadbd, when it exists].
+    /// missing) [default: /var/lib/oxadbd, made if missing; for a user who
+    /// may not, $XDG_STATE_HOME/oxadbd or ~/.local/state/oxadbd].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Seconds pushes in flight may take to finish after SIGTERM before they
@@ -225,22 +226,12 @@ enum Command {
     },
 }
 
-/// The state directory the daemon uses: the one given, else the default
-/// when it exists.
-#[cfg(any(feature = "pairing", feature = "mdns"))]
-fn resolve_state_dir(explicit: Option<&PathBuf>) -> Option<PathBuf> {
-    explicit.cloned().or_else(|| {
-        let dir = PathBuf::from(config::DEFAULT_STATE_DIR);
-        dir.is_dir().then_some(dir)
-    })
-}
-
 /// What mDNS and pairing say about this device (its instance name, kept in
 /// the state directory, doubles as the pairing GUID, as adbd's
 /// `persist.adb.wifi.guid` does), from the config file as the daemon reads it.
 #[cfg(feature = "pairing")]
 fn device_info(file: &FileConfig, state_dir: Option<PathBuf>) -> oxadbd::mdns::DeviceInfo {
-    let state_dir = resolve_state_dir(state_dir.or(file.state_dir.clone()).as_ref());
+    let state_dir = config::StateDir::resolve(state_dir.or(file.state_dir.clone()));
     let device = config::DeviceSettings::resolve(None, false, file);
     let model = file
         .product_model
@@ -266,7 +257,7 @@ fn device_info(file: &FileConfig, state_dir: Option<PathBuf>) -> oxadbd::mdns::D
         },
         &device.properties,
     );
-    oxadbd::mdns::DeviceInfo::from_properties(&props, state_dir.as_deref())
+    oxadbd::mdns::DeviceInfo::from_properties(&props, state_dir.path())
 }
 
 #[cfg(feature = "pairing")]
@@ -297,7 +288,8 @@ struct PairArgs {
     #[arg(long)]
     guid: Option<String>,
     /// The daemon's state directory, where its instance name is kept
-    /// [default: the config file's state-dir, else /var/lib/oxadbd if it exists].
+    /// [default: the config file's state-dir, else the daemon's: /var/lib/oxadbd,
+    /// or the user's own for a user who may not make it].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Do not announce `_adb-tls-pairing._tcp` over mDNS while the window is open.
@@ -460,10 +452,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             .or(file.stop_grace)
             .unwrap_or(oxadbd::stop::DEFAULT_GRACE_SECS),
     );
-    let state_dir = args.state_dir.or(file.state_dir.clone());
+    let state_dir = config::StateDir::resolve(args.state_dir.or(file.state_dir.clone()));
     let mdns = file.announces_mdns(args.no_mdns)?;
-    #[cfg(feature = "mdns")]
-    let mdns_state_dir = resolve_state_dir(state_dir.as_ref());
     let usb = UsbConfig::resolve(
         &UsbFlags {
             usb: args.usb,
@@ -611,7 +601,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         };
         // Once the listeners are bound (a daemon that cannot start says only
         // why), and before the first host is served.
-        let journal = open_journal(state_dir)?;
+        let journal = open_journal(&state_dir)?;
         // The one line a service manager shows: where, who needs a key, and
         // how to trust one.
         let places = [
@@ -678,7 +668,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         let daemon = oxadbd::server::Daemon::new(config);
         #[cfg(feature = "mdns")]
         if mdns {
-            daemon.announce_mdns(mdns_state_dir.as_deref());
+            daemon.announce_mdns(state_dir.path());
         }
         #[cfg(not(feature = "mdns"))]
         let _ = mdns;
@@ -765,49 +755,49 @@ fn run(args: Args) -> anyhow::Result<()> {
 
 /// Sweeps the state directory for what a killed daemon left and opens this
 /// daemon's journal; true when there is one. A directory given explicitly
-/// must work; without one the default is used only when it exists, so that
-/// a daemon run by a user (or in tests) still starts.
-fn open_journal(explicit: Option<PathBuf>) -> anyhow::Result<bool> {
+/// must work; without one, a daemon that has neither the system's nor its
+/// user's still starts (saying so).
+fn open_journal(state_dir: &config::StateDir) -> anyhow::Result<bool> {
     let prefix = oxadb_transfer::Policy::DAEMON.temp_prefix;
-    let dir = match explicit {
-        Some(dir) => dir,
-        None => {
-            let dir = PathBuf::from(config::DEFAULT_STATE_DIR);
-            if !dir.is_dir() {
-                tracing::warn!(
-                    "no state directory {}: temporary files of a killed daemon will not be \
-                     found at start (make it, or pass --state-dir)",
-                    dir.display()
-                );
-                return Ok(false);
-            }
+    let dir = match state_dir {
+        config::StateDir::Given(dir) | config::StateDir::System(dir) => {
+            tracing::debug!("state directory {}", dir.display());
             dir
         }
+        config::StateDir::User {
+            path,
+            system_unusable,
+        } => {
+            tracing::info!(
+                "using this user's state directory {} ({system_unusable})",
+                path.display()
+            );
+            path
+        }
+        config::StateDir::None {
+            system_unusable,
+            user_unusable,
+        } => {
+            tracing::warn!(
+                "no state directory ({system_unusable}; {user_unusable}): temporary files \
+                 of a killed daemon will not be found at start (pass --state-dir)"
+            );
+            return Ok(false);
+        }
     };
-    let sweep = oxadb_transfer::open_journal(&dir, prefix)
+    let sweep = oxadb_transfer::open_journal(dir, prefix)
         .with_context(|| format!("opening the push journal in {}", dir.display()))?;
     for problem in &sweep.problems {
         tracing::warn!("push journal: {problem}");
     }
     if !sweep.removed.is_empty() || sweep.kept > 0 {
-        // The first few by name; a tree of leftovers would flood the line.
-        let mut names: Vec<String> = sweep
-            .removed
-            .iter()
-            .take(10)
-            .map(|p| p.display().to_string())
-            .collect();
-        if sweep.removed.len() > names.len() {
-            names.push(format!("and {} more", sweep.removed.len() - names.len()));
-        }
-        let names = names.join(", ");
         tracing::info!(
             state_dir = %dir.display(),
             journals = sweep.journals,
             kept_live = sweep.kept,
             "removed {} temporary files left by a stopped daemon: {}",
             sweep.removed.len(),
-            names
+            sweep.removed_list(10)
         );
     }
     Ok(true)

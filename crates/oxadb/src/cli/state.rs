@@ -3,7 +3,8 @@
 //! and the background forwarders `forward` started.
 //!
 //! The file is `$XDG_STATE_HOME/oxadb/state` (else `~/.local/state/oxadb/state`,
-//! or `$OXADB_STATE_DIR/state` when set), one entry a line:
+//! or `$OXADB_STATE_DIR/state` when set; the directory is made with mode
+//! 0700), one entry a line:
 //!
 //! ```text
 //! device 127.0.0.1:5555
@@ -16,7 +17,7 @@
 //! half a file.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -44,18 +45,70 @@ pub struct State {
     pub forwarders: Vec<Forwarder>,
 }
 
-/// The directory holding the state file, the lock and the forwarders' log.
+/// The directory holding the state file, the lock, the forwarders' log and
+/// the journals of pulls in progress.
 pub fn state_dir() -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir).join("oxadb"));
+    oxadb_transfer::user_state_dir("oxadb")
+        .context("finding the oxadb state directory: neither XDG_STATE_HOME nor HOME is set")
+}
+
+/// This process's journal of pull temporary files, while it is open.
+pub struct PullJournal {
+    opened: bool,
+}
+
+impl Drop for PullJournal {
+    fn drop(&mut self) {
+        // Kept while a pull's temporary file is unfinished (a thread may
+        // still hold it when the process ends): the next sweep finds it.
+        if self.opened {
+            oxadb_transfer::close_journal();
+        }
     }
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .context("finding the oxadb state directory: neither XDG_STATE_HOME nor HOME is set")?;
-    Ok(PathBuf::from(home).join(".local/state/oxadb"))
+}
+
+/// Opens this process's journal of pull temporary files in the state
+/// directory, first removing what killed oxadb processes left beside their
+/// destinations (their journals say where): before a command's first pull,
+/// and at a server's start. A pull goes on without a journal, which only
+/// means a temporary file it leaves if killed is not found later.
+pub fn open_pull_journal() -> PullJournal {
+    let dir = match state_dir() {
+        Ok(dir) => dir,
+        Err(error) => {
+            tracing::debug!("no pull journal: {error:#}");
+            return PullJournal { opened: false };
+        }
+    };
+    let sweep = match oxadb_transfer::open_journal(&dir, oxadb_transfer::Policy::HOST.temp_prefix) {
+        Ok(sweep) => sweep,
+        // A server's journal, open since its start.
+        Err(oxadb_transfer::JournalError::AlreadyOpen(_)) => return PullJournal { opened: false },
+        Err(error) => {
+            tracing::warn!(
+                "pull journal: {error}: a temporary file this pull leaves if killed \
+                 will not be found"
+            );
+            return PullJournal { opened: false };
+        }
+    };
+    for problem in &sweep.problems {
+        tracing::debug!("pull journal: {problem}");
+    }
+    if !sweep.removed.is_empty() || sweep.kept > 0 {
+        tracing::debug!(
+            state_dir = %dir.display(),
+            journals = sweep.journals,
+            kept_live = sweep.kept,
+            "removed {} temporary files left by killed oxadb processes: {}",
+            sweep.removed.len(),
+            sweep.removed_list(10)
+        );
+    }
+    PullJournal { opened: true }
 }
 
 impl State {
@@ -127,7 +180,11 @@ pub struct Locked {
 /// Takes the lock (waiting for other oxadb commands) and reads the state.
 pub fn lock() -> anyhow::Result<Locked> {
     let dir = state_dir()?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
     let lock_path = dir.join("state.lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)

@@ -213,6 +213,8 @@ pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
 
 /// `oxadb pull`: output as for [`push`].
 pub async fn pull(device: &Device, args: &PullArgs) -> anyhow::Result<()> {
+    // Sweeps what killed pulls left, and records where this one writes.
+    let _journal = super::state::open_pull_journal();
     let options = PullOptions {
         preserve: args.preserve,
         compression: args.compression(),

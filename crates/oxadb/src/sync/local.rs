@@ -143,10 +143,13 @@ pub(crate) fn commit_attributes(attributes: Option<PulledAttributes>) -> Attribu
     }
 }
 
-/// Removes every temporary pull file still in progress; for signal handlers
-/// that end the process. Returns how many were removed.
+/// Removes every temporary pull file still in progress, then the journal
+/// that would have found them; for signal handlers that end the process.
+/// Returns how many were removed.
 pub fn remove_unfinished_pulls() -> usize {
-    Policy::HOST.remove_unfinished()
+    let removed = Policy::HOST.remove_unfinished();
+    oxadb_transfer::close_journal();
+    removed
 }
 
 /// The local path for a name received from the device, refusing names that

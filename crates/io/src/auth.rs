@@ -1,12 +1,12 @@
 //! Authentication, both roles: a host answers a device's AUTH tokens with an
 //! [`AuthResponder`]; a device lets hosts in through an [`Authenticator`].
+//! The driver hands the engine's AUTH events to a connection's
+//! `Authentication`, which answers through the engine alone.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use oxadb_engine::AuthReply;
-
-use crate::driver::State;
 
 /// Who authenticates on a connection, given to [`Connection::start`](crate::Connection::start).
 pub enum Auth {
@@ -40,9 +40,43 @@ pub trait Authenticator: Send + Sync {
     fn retry_delay(&self, failures: u32) -> std::time::Duration;
 }
 
-impl State {
+/// One connection's authentication: who authenticates and how it has gone
+/// so far. The driver hands it the engine's AUTH events.
+pub(crate) struct Authentication {
+    auth: Auth,
+    /// Signatures refused on this connection.
+    failures: u32,
+    /// Host role: the device challenged us and we have no more answers: it
+    /// is "unauthorized" until its user accepts our public key.
+    awaiting_user: bool,
+}
+
+impl Authentication {
+    pub(crate) fn new(auth: Auth) -> Authentication {
+        Authentication {
+            auth,
+            failures: 0,
+            awaiting_user: false,
+        }
+    }
+
+    /// Whether the device refused our keys and waits for its user.
+    pub(crate) fn awaiting_user(&self) -> bool {
+        self.awaiting_user
+    }
+
+    /// The CNXN exchange completed: nobody waits for a user any more.
+    pub(crate) fn connected(&mut self) {
+        self.awaiting_user = false;
+    }
+
     /// Host role: the device sent its `attempt`th token.
-    pub(crate) fn answer_challenge(&mut self, token: &[u8], attempt: u32) {
+    pub(crate) fn answer_challenge(
+        &mut self,
+        engine: &mut oxadb_engine::Connection,
+        token: &[u8],
+        attempt: u32,
+    ) {
         let reply = match &mut self.auth {
             Auth::Host(respond) => respond(token, attempt),
             _ => None,
@@ -51,49 +85,61 @@ impl State {
         // offer) only the device's user can let us in.
         self.awaiting_user = !matches!(reply, Some(AuthReply::Signature(_)));
         if let Some(reply) = reply {
-            self.engine.send_auth(reply);
+            engine.send_auth(reply);
         }
     }
 
-    /// Device role: the host signed `token`.
-    pub(crate) fn check_signature(&mut self, token: &[u8], signature: &[u8]) {
-        let peer = self.label.clone();
+    /// Device role: the host `peer` signed `token`. Returns how long the
+    /// next token must wait when the signature was refused with a delay.
+    pub(crate) fn check_signature(
+        &mut self,
+        engine: &mut oxadb_engine::Connection,
+        peer: &str,
+        token: &[u8],
+        signature: &[u8],
+    ) -> Option<std::time::Duration> {
         let trusted = self
             .authenticator()
-            .is_some_and(|auth| auth.verify(&peer, token, signature));
+            .is_some_and(|auth| auth.verify(peer, token, signature));
         if trusted {
-            self.engine.authorize();
+            engine.authorize();
+            None
         } else {
-            self.auth_failures += 1;
+            self.failures += 1;
             let delay = self
                 .authenticator()
                 .map_or(std::time::Duration::ZERO, |auth| {
-                    auth.retry_delay(self.auth_failures)
+                    auth.retry_delay(self.failures)
                 });
             if delay.is_zero() {
-                self.send_token();
+                self.send_token(engine);
+                None
             } else {
-                self.token_delay = Some(delay);
+                Some(delay)
             }
         }
     }
 
-    /// Device role: the host offers its public key.
-    pub(crate) fn consider_key(&mut self, key: &[u8]) {
-        let peer = self.label.clone();
+    /// Device role: the host `peer` offers its public key.
+    pub(crate) fn consider_key(
+        &mut self,
+        engine: &mut oxadb_engine::Connection,
+        peer: &str,
+        key: &[u8],
+    ) {
         if self
             .authenticator()
-            .is_some_and(|auth| auth.offer_key(&peer, key))
+            .is_some_and(|auth| auth.offer_key(peer, key))
         {
-            self.engine.authorize();
+            engine.authorize();
         }
     }
 
     /// Device role: challenges the host with a fresh token.
-    pub(crate) fn send_token(&mut self) {
+    pub(crate) fn send_token(&self, engine: &mut oxadb_engine::Connection) {
         if let Some(auth) = self.authenticator() {
             let token: Bytes = auth.token();
-            self.engine.send_auth_token(token);
+            engine.send_auth_token(token);
         }
     }
 

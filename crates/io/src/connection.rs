@@ -11,7 +11,7 @@ use oxadb_engine::{Config, Peer, Role, StreamId};
 use tokio::io::AsyncRead;
 use tokio::sync::Notify;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Authentication};
 use crate::driver::{read_loop, sweep_stalled, write_loop, Shared, State, StreamWakers};
 use crate::sink::PacketSink;
 use crate::stream::AdbStream;
@@ -132,11 +132,9 @@ impl Connection {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 engine,
-                auth,
-                auth_failures: 0,
+                authentication: Authentication::new(auth),
                 label: label.clone(),
                 token_delay: None,
-                awaiting_user: false,
                 streams: HashMap::new(),
                 incoming: VecDeque::new(),
                 incoming_waker: None,
@@ -219,7 +217,7 @@ impl Connection {
 
     /// Whether the device refused our keys and waits for its user to accept ours.
     pub fn awaiting_authorization(&self) -> bool {
-        self.shared.lock().awaiting_user
+        self.shared.lock().authentication.awaiting_user()
     }
 
     /// Who the peer is (its address), for logs.

@@ -12,7 +12,7 @@ use oxadb_wire::{Header, HEADER_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::Notify;
 
-use crate::auth::Auth;
+use crate::auth::Authentication;
 use crate::sink::{OutgoingPacket, PacketSink};
 use crate::ConnectionError;
 
@@ -27,17 +27,12 @@ pub(crate) struct StreamWakers {
 
 pub(crate) struct State {
     pub(crate) engine: oxadb_engine::Connection,
-    pub(crate) auth: Auth,
-    /// Signatures refused on this connection.
-    pub(crate) auth_failures: u32,
+    pub(crate) authentication: Authentication,
     /// The peer's address, for the authenticator's logs.
     pub(crate) label: String,
     /// A refused signature's next token waits this long (set by
     /// `dispatch_events`, taken by the reader, which owns a handle to spawn with).
     pub(crate) token_delay: Option<std::time::Duration>,
-    /// The device challenged us and we have no more answers: it is "unauthorized"
-    /// until its user accepts our public key.
-    pub(crate) awaiting_user: bool,
     pub(crate) streams: HashMap<StreamId, StreamWakers>,
     pub(crate) incoming: VecDeque<(StreamId, String)>,
     pub(crate) incoming_waker: Option<Waker>,
@@ -50,14 +45,28 @@ impl State {
     pub(crate) fn dispatch_events(&mut self) {
         while let Some(event) = self.engine.poll_event() {
             match event {
-                Event::AuthChallenge { token, attempt } => self.answer_challenge(&token, attempt),
-                Event::TokenNeeded => self.send_token(),
-                Event::AuthSignature { token, signature } => {
-                    self.check_signature(&token, &signature)
+                Event::AuthChallenge { token, attempt } => {
+                    self.authentication
+                        .answer_challenge(&mut self.engine, &token, attempt)
                 }
-                Event::AuthPublicKey { key } => self.consider_key(&key),
+                Event::TokenNeeded => self.authentication.send_token(&mut self.engine),
+                Event::AuthSignature { token, signature } => {
+                    let delay = self.authentication.check_signature(
+                        &mut self.engine,
+                        &self.label,
+                        &token,
+                        &signature,
+                    );
+                    if delay.is_some() {
+                        self.token_delay = delay;
+                    }
+                }
+                Event::AuthPublicKey { key } => {
+                    self.authentication
+                        .consider_key(&mut self.engine, &self.label, &key)
+                }
                 Event::Connected => {
-                    self.awaiting_user = false;
+                    self.authentication.connected();
                     if let Some(waker) = self.connected_waker.take() {
                         waker.wake();
                     }
@@ -235,8 +244,9 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
                         tokio::time::sleep(delay).await;
                         let mut state = shared.lock();
                         if state.closed.is_none() && state.engine.awaiting_auth() {
-                            state.send_token();
-                            shared.after_engine_call(&mut state);
+                            let state = &mut *state;
+                            state.authentication.send_token(&mut state.engine);
+                            shared.after_engine_call(state);
                         }
                     });
                 }

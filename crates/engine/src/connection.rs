@@ -2,7 +2,9 @@
 //!
 //! The driver feeds received packets to [`Connection::handle_packet`], moves
 //! stream data with [`Connection::write`] / [`Connection::read`], sends what
-//! [`Connection::poll_transmit`] returns and reacts to [`Connection::poll_event`].
+//! [`Connection::poll_transmit`] returns and reacts to [`Connection::poll_event`];
+//! it calls [`Connection::handle_timeout`] at the time
+//! [`Connection::poll_timeout`] names (`timers.rs`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use crate::credit::{
     MAX_ADAPTIVE_WINDOW,
 };
 use crate::send_queue::SendQueue;
+
+mod timers;
 
 /// Logs a peer's misbehaviour that does not end the connection: at WARN the
 /// 1st, 2nd, 4th, 8th... time on a connection, at DEBUG otherwise, so that a
@@ -88,7 +92,7 @@ pub struct Config {
     /// beyond it are refused (CLSE), the connection goes on.
     pub max_streams: usize,
     /// Streams whose data waits this long for the peer's credit are closed
-    /// (the driver calls [`Connection::abort_stalled_streams`]); `None`: never.
+    /// (a deadline of [`Connection::poll_timeout`]); `None`: never.
     pub stalled_stream_timeout: Option<std::time::Duration>,
     /// Whether this connection moves to TLS with STLS (TCP only: adbd never
     /// sends STLS over USB). Device role: whether to send it after a host's
@@ -243,12 +247,13 @@ pub enum Event {
     /// [`Connection::send_auth`]. `attempt` counts challenges on this connection.
     AuthChallenge { token: Bytes, attempt: u32 },
     /// Device role with [`Config::require_auth`]: a host sent CNXN and must
-    /// prove who it is; send it a fresh random token with
-    /// [`Connection::send_auth_token`].
+    /// prove who it is, or the delay after a refused signature
+    /// ([`Connection::refuse_signature`]) is over; send it a fresh random
+    /// token with [`Connection::send_auth_token`].
     TokenNeeded,
     /// The host signed `token` (the one outstanding when the signature
-    /// arrived; it is used up). Verify, then [`Connection::authorize`], or
-    /// send a new token.
+    /// arrived; it is used up). Verify, then [`Connection::authorize`] or
+    /// [`Connection::refuse_signature`].
     AuthSignature { token: Bytes, signature: Bytes },
     /// The host offers its public key (after its signatures were refused):
     /// [`Connection::authorize`] to trust it without proof, or ignore it
@@ -326,6 +331,9 @@ enum Handshake {
         peer: Peer,
         /// The token a signature must sign; one signature each.
         token: Option<Bytes>,
+        /// A refused signature's next token is owed from then on (ns;
+        /// [`Connection::refuse_signature`]).
+        next_token_at: Option<u64>,
     },
     /// Device role: the host's CNXN was answered with STLS; its STLS comes next.
     AwaitingStls { peer: Peer },
@@ -805,8 +813,17 @@ impl Connection {
         }
         if self.config.role == Role::Device && self.config.require_auth {
             // A CNXN (even a repeated one: the host restarted) is answered
-            // only after the host proves it holds a trusted key.
-            self.handshake = Handshake::AwaitingAuth { peer, token: None };
+            // only after the host proves it holds a trusted key. A delayed
+            // token still owed is sent when due, as before the CNXN.
+            let next_token_at = match self.handshake {
+                Handshake::AwaitingAuth { next_token_at, .. } => next_token_at,
+                _ => None,
+            };
+            self.handshake = Handshake::AwaitingAuth {
+                peer,
+                token: None,
+                next_token_at,
+            };
             self.events.push_back(Event::TokenNeeded);
             return Ok(());
         }
@@ -940,6 +957,22 @@ impl Connection {
         *outstanding = Some(token.clone());
         self.control
             .push_back(Packet::new(Command::Auth, AUTH_TOKEN, 0, token));
+    }
+
+    /// Device role: the host's signature was refused. A fresh token is
+    /// owed to it ([`Event::TokenNeeded`]) once `retry_after` has passed
+    /// (the authenticator's rate limit, docs/security.md), at once when
+    /// that is zero; [`Connection::handle_timeout`] asks for it when due.
+    pub fn refuse_signature(&mut self, retry_after: std::time::Duration) {
+        let now = self.now_ns;
+        let Handshake::AwaitingAuth { next_token_at, .. } = &mut self.handshake else {
+            return;
+        };
+        if retry_after.is_zero() {
+            self.events.push_back(Event::TokenNeeded);
+        } else {
+            *next_token_at = Some(now.saturating_add(retry_after.as_nanos() as u64));
+        }
     }
 
     /// Device role: the host is authenticated; answer its CNXN.
@@ -1497,41 +1530,7 @@ impl Connection {
         }
     }
 
-    /// Closes every stream whose data has waited for the peer's credit for at
-    /// least `stalled_for` (a host that stopped reading, or vanished behind a
-    /// live TCP connection): its unsent data is dropped, CLSE goes out, and
-    /// the local side sees [`Event::Closed`]. Returns the streams closed.
-    pub fn abort_stalled_streams(&mut self, stalled_for: std::time::Duration) -> Vec<StreamId> {
-        let limit = stalled_for.as_nanos() as u64;
-        let now = self.now_ns;
-        let mut stalled: Vec<u32> = self
-            .streams
-            .iter()
-            .filter(|(_, stream)| {
-                stream
-                    .credit_blocked_since
-                    .is_some_and(|since| now.saturating_sub(since) >= limit)
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        stalled.sort_unstable();
-        for &id in &stalled {
-            if let Some(stream) = self.streams.get_mut(&id) {
-                tracing::warn!(
-                    stream = id,
-                    queued = stream.outgoing.len(),
-                    stalled_s = now.saturating_sub(stream.credit_blocked_since.unwrap_or(now))
-                        / 1_000_000_000,
-                    "closing stream: the peer has granted no credit for too long"
-                );
-                stream.outgoing.clear();
-            }
-            self.events.push_back(Event::Closed(StreamId(id)));
-            self.finish_close(id);
-        }
-        stalled.into_iter().map(StreamId).collect()
-    }
-
+    /// Removes the stream and sends its CLSE.
     fn finish_close(&mut self, local_id: u32) {
         if let Some(stream) = self.streams.remove(&local_id) {
             log_stream_closed(local_id, &stream);

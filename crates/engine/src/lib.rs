@@ -1,8 +1,10 @@
 //! Sans-I/O ADB connection engine, shared by the host and daemon roles.
 //!
 //! No sockets, no threads, no clocks: drivers (see the `oxadb-io` crate) feed
-//! packets in, take packets out and tell the engine the time, which keeps the
-//! protocol logic testable and deterministic.
+//! packets in, take packets out, tell the engine the time and wake it when
+//! its next deadline comes (`Connection::poll_timeout`, `handle_timeout`),
+//! which keeps the protocol logic, timers included, testable and
+//! deterministic.
 
 // This crate needs no unsafe code. Forbidden here, not in the workspace's
 // lints, which every member shares (root Cargo.toml).

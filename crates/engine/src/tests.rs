@@ -4,6 +4,8 @@ use bytes::Bytes;
 use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
 use oxadb_wire::{feature, Banner, Command, Header, Packet, HEADER_LEN, MAX_PAYLOAD};
 
+use std::time::Duration;
+
 use crate::*;
 
 fn banner(kind: &str, delayed_ack: bool) -> Banner {
@@ -633,39 +635,188 @@ fn opens_beyond_the_stream_limit_are_refused() {
     assert_eq!(pair.device.poll_event(), None);
 }
 
-#[test]
-fn streams_the_peer_stopped_crediting_are_aborted_after_a_while() {
-    let mut pair = Pair::new(config(Role::Host, false), config(Role::Device, false));
+/// A device's stream whose data waits for the host's credit from
+/// `stall_at`, and an idle one.
+struct Stalled {
+    pair: Pair,
+    stalled: StreamId,
+    idle: StreamId,
+    /// The stream's first packet, held in flight: in classic mode the host
+    /// would OKAY it on arrival.
+    held: Packet,
+}
+
+/// Starts a classic stream whose second write waits for credit from `stall_at`.
+fn stalled_stream(device: Config, stall_at: Duration) -> Stalled {
+    let mut pair = Pair::new(config(Role::Host, false), device);
     let (_, stalled) = pair.open("shell:yes");
     let (_, idle) = pair.open("shell:");
-    // The device writes two packets on one stream; the host never reads, so
-    // the first OKAY never comes back... in classic mode the host acks on
-    // arrival, so hold the packets instead of delivering them.
+    pair.device.set_time(stall_at);
     pair.device.write(stalled, &pattern(8192)).unwrap();
-    let first = pair.device.poll_transmit().unwrap();
-    assert_eq!(first.command, Command::Wrte);
+    let held = pair.device.poll_transmit().unwrap();
+    assert_eq!(held.command, Command::Wrte);
     pair.device.write(stalled, &pattern(8192)).unwrap();
     assert!(
         pair.device.poll_transmit().is_none(),
         "waiting for the OKAY"
     );
-    pair.device.set_time(std::time::Duration::from_secs(299));
-    assert!(pair
-        .device
-        .abort_stalled_streams(std::time::Duration::from_secs(300))
-        .is_empty());
-    pair.device.set_time(std::time::Duration::from_secs(301));
-    assert_eq!(
-        pair.device
-            .abort_stalled_streams(std::time::Duration::from_secs(300)),
-        vec![stalled],
-        "only the stream with data waiting; an idle one stays"
-    );
+    Stalled {
+        pair,
+        stalled,
+        idle,
+        held,
+    }
+}
+
+#[test]
+fn streams_the_peer_stopped_crediting_are_aborted_exactly_at_the_limit() {
+    let mut device = config(Role::Device, false);
+    device.stalled_stream_timeout = Some(Duration::from_secs(300));
+    let stall_at = Duration::from_millis(1500);
+    let Stalled {
+        mut pair,
+        stalled,
+        idle,
+        held,
+    } = stalled_stream(device, stall_at);
+    let deadline = stall_at + Duration::from_secs(300);
+    assert_eq!(pair.device.poll_timeout(), Some(deadline));
+    pair.device
+        .handle_timeout(deadline - Duration::from_nanos(1));
+    assert_eq!(pair.device.poll_event(), None, "not before the limit");
+    assert!(!pair.device.has_transmit());
+    assert_eq!(pair.device.poll_timeout(), Some(deadline));
+
+    pair.device.handle_timeout(deadline);
     assert_eq!(pair.device.poll_event(), Some(Event::Closed(stalled)));
+    assert_eq!(pair.device.poll_event(), None, "an idle stream stays");
     let clse = pair.device.poll_transmit().unwrap();
-    assert_eq!(clse.command, Command::Clse);
+    assert_eq!(
+        (clse.command, clse.arg0, clse.arg1),
+        (Command::Clse, stalled.0, held.arg1)
+    );
+    assert!(
+        pair.device.poll_transmit().is_none(),
+        "its queued data is dropped"
+    );
     assert!(pair.device.stream_stats(idle).is_some());
     assert!(pair.device.write(stalled, b"more").is_err());
+    assert_eq!(pair.device.poll_timeout(), None, "nothing left to wait for");
+}
+
+#[test]
+fn no_timer_runs_while_nothing_waits() {
+    let mut device = config(Role::Device, false);
+    device.stalled_stream_timeout = Some(Duration::from_secs(300));
+    let mut pair = Pair::new(config(Role::Host, false), device);
+    assert_eq!(pair.device.poll_timeout(), None, "no streams");
+    let (host_id, device_id) = pair.open("shell:");
+    assert_eq!(pair.device.poll_timeout(), None, "an idle stream");
+    // Data that leaves with credit to spare, acknowledged.
+    pair.device.write(device_id, &pattern(100)).unwrap();
+    pair.drive();
+    assert_eq!(read_all(&mut pair.host, host_id).len(), 100);
+    pair.drive();
+    assert_eq!(pair.device.poll_timeout(), None, "credit came back");
+    // Far in the future, nothing fires.
+    pair.device.handle_timeout(Duration::from_secs(1 << 20));
+    while let Some(event) = pair.device.poll_event() {
+        assert!(!matches!(event, Event::Closed(_)), "{event:?}");
+    }
+    assert!(pair.device.stream_stats(device_id).is_some());
+
+    // Without a limit a stalled stream has no deadline.
+    let Stalled {
+        mut pair, stalled, ..
+    } = stalled_stream(config(Role::Device, false), Duration::ZERO);
+    assert_eq!(pair.device.poll_timeout(), None);
+    pair.device.handle_timeout(Duration::from_secs(1 << 20));
+    assert_eq!(pair.device.poll_event(), None);
+    assert!(pair.device.stream_stats(stalled).is_some());
+}
+
+#[test]
+fn a_stall_that_ends_and_starts_again_moves_the_deadline_later() {
+    let mut device = config(Role::Device, false);
+    device.stalled_stream_timeout = Some(Duration::from_secs(10));
+    let Stalled {
+        mut pair,
+        stalled,
+        held,
+        ..
+    } = stalled_stream(device, Duration::from_secs(1));
+    assert_eq!(pair.device.poll_timeout(), Some(Duration::from_secs(11)));
+    // The host's OKAY for the first packet arrives at 8 s: the second
+    // leaves (held in flight) and a third waits again from then on.
+    deliver(&mut pair.host, &pair.device, &held).unwrap();
+    let okay = pair.host.poll_transmit().unwrap();
+    assert_eq!(okay.command, Command::Okay);
+    pair.device.set_time(Duration::from_secs(8));
+    deliver(&mut pair.device, &pair.host, &okay).unwrap();
+    assert_eq!(pair.device.poll_transmit().unwrap().command, Command::Wrte);
+    assert_eq!(pair.device.poll_timeout(), None, "nothing waits");
+    pair.device.write(stalled, &pattern(100)).unwrap();
+    assert_eq!(pair.device.poll_timeout(), Some(Duration::from_secs(18)));
+    // Waking at the old deadline fires nothing.
+    pair.device.handle_timeout(Duration::from_secs(11));
+    assert_eq!(pair.device.poll_event(), None);
+    pair.device.handle_timeout(Duration::from_secs(18));
+    assert_eq!(pair.device.poll_event(), Some(Event::Closed(stalled)));
+}
+
+#[test]
+fn a_refused_signature_gets_its_next_token_after_the_delay() {
+    let mut device_config = config(Role::Device, true);
+    device_config.require_auth = true;
+    device_config.stalled_stream_timeout = Some(Duration::from_secs(300));
+    let mut device = Connection::new(device_config);
+    let mut host = Connection::new(config(Role::Host, true));
+    pass(&mut device, &mut host);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert_eq!(device.poll_timeout(), None, "no timer before a refusal");
+    let challenge = |device: &mut Connection, host: &mut Connection, fill: u8| {
+        device.send_auth_token(Bytes::from(vec![fill; 20]));
+        pass(host, device);
+        deliver(device, host, &auth_packet(AUTH_SIGNATURE, b"sig")).unwrap();
+        assert!(matches!(
+            device.poll_event(),
+            Some(Event::AuthSignature { .. })
+        ));
+    };
+
+    // No delay: the next token is asked for at once.
+    challenge(&mut device, &mut host, 1);
+    device.refuse_signature(Duration::ZERO);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert_eq!(device.poll_timeout(), None);
+
+    // A delay: nothing until it is over, then exactly one token.
+    challenge(&mut device, &mut host, 2);
+    device.set_time(Duration::from_secs(5));
+    device.refuse_signature(Duration::from_millis(250));
+    assert_eq!(device.poll_event(), None);
+    let due = Duration::from_secs(5) + Duration::from_millis(250);
+    assert_eq!(device.poll_timeout(), Some(due));
+    device.handle_timeout(due - Duration::from_nanos(1));
+    assert_eq!(device.poll_event(), None, "not before the delay");
+    device.handle_timeout(due);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert_eq!(device.poll_timeout(), None);
+    device.handle_timeout(due + Duration::from_secs(1));
+    assert_eq!(device.poll_event(), None, "once");
+
+    // A host let in meanwhile is owed no token.
+    challenge(&mut device, &mut host, 3);
+    device.refuse_signature(Duration::from_secs(2));
+    assert!(device.poll_timeout().is_some());
+    device.authorize();
+    assert_eq!(device.poll_event(), Some(Event::Connected));
+    assert_eq!(device.poll_timeout(), None);
+    device.handle_timeout(Duration::from_secs(60));
+    assert_eq!(device.poll_event(), None);
+    // Online, a refusal means nothing.
+    device.refuse_signature(Duration::ZERO);
+    assert_eq!(device.poll_event(), None);
 }
 
 #[test]

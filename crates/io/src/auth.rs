@@ -89,21 +89,21 @@ impl Authentication {
         }
     }
 
-    /// Device role: the host `peer` signed `token`. Returns how long the
-    /// next token must wait when the signature was refused with a delay.
+    /// Device role: the host `peer` signed `token`. A refused signature's
+    /// next token waits for the authenticator's delay, a timer the engine
+    /// keeps (`Connection::refuse_signature`).
     pub(crate) fn check_signature(
         &mut self,
         engine: &mut oxadb_engine::Connection,
         peer: &str,
         token: &[u8],
         signature: &[u8],
-    ) -> Option<std::time::Duration> {
+    ) {
         let trusted = self
             .authenticator()
             .is_some_and(|auth| auth.verify(peer, token, signature));
         if trusted {
             engine.authorize();
-            None
         } else {
             self.failures += 1;
             let delay = self
@@ -111,12 +111,7 @@ impl Authentication {
                 .map_or(std::time::Duration::ZERO, |auth| {
                     auth.retry_delay(self.failures)
                 });
-            if delay.is_zero() {
-                self.send_token(engine);
-                None
-            } else {
-                Some(delay)
-            }
+            engine.refuse_signature(delay);
         }
     }
 

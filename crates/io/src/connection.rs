@@ -12,7 +12,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::Notify;
 
 use crate::auth::{Auth, Authentication};
-use crate::driver::{read_loop, sweep_stalled, write_loop, Shared, State, StreamWakers};
+use crate::driver::{read_loop, timer_loop, write_loop, Shared, State, StreamWakers};
 use crate::sink::PacketSink;
 use crate::stream::AdbStream;
 use crate::tcp_sink::TcpSink;
@@ -134,7 +134,7 @@ impl Connection {
                 engine,
                 authentication: Authentication::new(auth),
                 label: label.clone(),
-                token_delay: None,
+                timer_deadline: None,
                 streams: HashMap::new(),
                 incoming: VecDeque::new(),
                 incoming_waker: None,
@@ -144,6 +144,7 @@ impl Connection {
             transmit: Notify::new(),
             close_requested: Notify::new(),
             drained: Notify::new(),
+            deadline_moved: Notify::new(),
             label,
             epoch: std::time::Instant::now(),
             file_ranges: sink.takes_file_ranges(),
@@ -155,11 +156,9 @@ impl Connection {
         let connection = Connection {
             shared: shared.clone(),
         };
-        let stalled_timeout = shared.lock().engine.config().stalled_stream_timeout;
         let run = async move {
             let writer_task = tokio::spawn(write_loop(shared.clone(), sink));
-            let sweeper =
-                stalled_timeout.map(|limit| tokio::spawn(sweep_stalled(shared.clone(), limit)));
+            let timer_task = tokio::spawn(timer_loop(shared.clone()));
             let error = tokio::select! {
                 error = read_loop(&shared, reader) => error,
                 _ = shared.close_requested.notified() => ConnectionError::Closed,
@@ -169,12 +168,12 @@ impl Connection {
                 state.shut(error);
                 state.closed.clone().expect("just set")
             };
-            if let Some(sweeper) = sweeper {
-                sweeper.abort();
-            }
-            // Wake the writer so it sees `closed` and exits, dropping the socket.
+            // Wake the writer so it sees `closed` and exits, dropping the
+            // socket, and the timer loop so it exits too.
             shared.transmit.notify_one();
+            shared.deadline_moved.notify_one();
             let _ = writer_task.await;
+            let _ = timer_task.await;
             // The writer may have found the real cause after the reader's end
             // of file (`State::shut`).
             let closed = shared.lock().closed.clone();

@@ -1,10 +1,11 @@
 //! What runs a connection: the state shared by its tasks and stream handles,
 //! the read loop (transport to engine), the write loop (engine to sink) and
-//! the sweep of streams stalled on the peer's credit.
+//! the timer loop (the engine's deadlines, `Connection::poll_timeout`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use oxadb_engine::{Event, StreamId};
@@ -30,9 +31,10 @@ pub(crate) struct State {
     pub(crate) authentication: Authentication,
     /// The peer's address, for the authenticator's logs.
     pub(crate) label: String,
-    /// A refused signature's next token waits this long (set by
-    /// `dispatch_events`, taken by the reader, which owns a handle to spawn with).
-    pub(crate) token_delay: Option<std::time::Duration>,
+    /// The deadline the timer loop sleeps until (on the engine's clock): the
+    /// engine's earliest when it was set, perhaps earlier than its
+    /// earliest now (see `Shared::follow_deadline`).
+    pub(crate) timer_deadline: Option<Duration>,
     pub(crate) streams: HashMap<StreamId, StreamWakers>,
     pub(crate) incoming: VecDeque<(StreamId, String)>,
     pub(crate) incoming_waker: Option<Waker>,
@@ -50,17 +52,12 @@ impl State {
                         .answer_challenge(&mut self.engine, &token, attempt)
                 }
                 Event::TokenNeeded => self.authentication.send_token(&mut self.engine),
-                Event::AuthSignature { token, signature } => {
-                    let delay = self.authentication.check_signature(
-                        &mut self.engine,
-                        &self.label,
-                        &token,
-                        &signature,
-                    );
-                    if delay.is_some() {
-                        self.token_delay = delay;
-                    }
-                }
+                Event::AuthSignature { token, signature } => self.authentication.check_signature(
+                    &mut self.engine,
+                    &self.label,
+                    &token,
+                    &signature,
+                ),
                 Event::AuthPublicKey { key } => {
                     self.authentication
                         .consider_key(&mut self.engine, &self.label, &key)
@@ -138,6 +135,9 @@ pub(crate) struct Shared {
     pub(crate) close_requested: Notify,
     /// Wakes a reader waiting for the control backlog to shrink.
     pub(crate) drained: Notify,
+    /// Wakes the timer loop when the engine's deadline moved earlier than
+    /// the one it sleeps until, or the connection closed.
+    pub(crate) deadline_moved: Notify,
     pub(crate) label: String,
     /// The engine's clock starts here.
     pub(crate) epoch: std::time::Instant,
@@ -162,22 +162,60 @@ impl Shared {
         if state.engine.has_transmit() {
             self.transmit.notify_one();
         }
+        self.follow_deadline(state);
+    }
+
+    /// Wakes the timer loop if the engine now wants it earlier than it
+    /// sleeps. A deadline that moved later (a stream whose stall ended and
+    /// began again, as happens on every round trip of a transfer) wakes
+    /// nothing: the loop wakes at the old one, finds nothing due, and sleeps
+    /// again until the new one, so a busy connection costs no timer resets.
+    pub(crate) fn follow_deadline(&self, state: &mut State) {
+        let Some(next) = state.engine.poll_timeout() else {
+            return;
+        };
+        if state.timer_deadline.is_none_or(|armed| next < armed) {
+            state.timer_deadline = Some(next);
+            self.deadline_moved.notify_one();
+        }
     }
 }
 
-/// Closes streams stalled on the peer's credit for `limit`, checking four
-/// times per `limit` (at least every second).
-pub(crate) async fn sweep_stalled(shared: Arc<Shared>, limit: std::time::Duration) {
-    let period = (limit / 4).max(std::time::Duration::from_secs(1));
+/// Sleeps until the engine's deadline, calls `handle_timeout` and re-arms
+/// from `poll_timeout`, until the connection is closed. The only timer of a
+/// connection's protocol: the engine decides what is due.
+pub(crate) async fn timer_loop(shared: Arc<Shared>) {
     loop {
-        tokio::time::sleep(period).await;
+        let deadline = {
+            let state = shared.lock();
+            if state.closed.is_some() {
+                return;
+            }
+            state.timer_deadline
+        };
+        // A notification sent since the lock was released is kept as a
+        // permit (`notify_one`), so this cannot miss a deadline moved meanwhile.
+        let moved = shared.deadline_moved.notified();
+        match deadline {
+            None => {
+                moved.await;
+                continue;
+            }
+            Some(at) => {
+                let wake = tokio::time::Instant::from_std(shared.epoch + at);
+                tokio::select! {
+                    () = tokio::time::sleep_until(wake) => {}
+                    () = moved => continue,
+                }
+            }
+        }
         let mut state = shared.lock();
         if state.closed.is_some() {
             return;
         }
-        if !state.engine.abort_stalled_streams(limit).is_empty() {
-            shared.after_engine_call(&mut state);
-        }
+        state.engine.handle_timeout(shared.epoch.elapsed());
+        state.timer_deadline = state.engine.poll_timeout();
+        shared.after_engine_call(&mut state);
     }
 }
 
@@ -238,18 +276,6 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
             };
             if handled {
                 shared.after_engine_call(&mut state);
-                if let Some(delay) = state.token_delay.take() {
-                    let shared = shared.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        let mut state = shared.lock();
-                        if state.closed.is_none() && state.engine.awaiting_auth() {
-                            let state = &mut *state;
-                            state.authentication.send_token(&mut state.engine);
-                            shared.after_engine_call(state);
-                        }
-                    });
-                }
             }
             (need, state.engine.control_backlog() > MAX_CONTROL_BACKLOG)
         };
@@ -368,8 +394,10 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
                     payload: packet.payload,
                 });
             }
-            // Taking data out of send buffers may have unblocked writers.
+            // Taking data out of send buffers may have unblocked writers,
+            // and data left waiting for credit starts a stall's timer.
             state.dispatch_events();
+            shared.follow_deadline(&mut state);
             if state.closed.is_some() {
                 break;
             }

@@ -7,8 +7,9 @@
 //!
 //! - [`connection`]: the [`Connection`] handle, its one constructor
 //!   [`Connection::start`], and [`Incoming`] streams;
-//! - `driver`: the shared state, the read loop, the write loop and the sweep
-//!   of stalled streams;
+//! - `driver`: the shared state, the read loop, the write loop and the timer
+//!   loop, which sleeps until the engine's next deadline (stalled streams,
+//!   delayed AUTH tokens) and hands it back to the engine;
 //! - [`stream`]: [`AdbStream`] and [`WriteChunk`];
 //! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]), and
 //!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full

@@ -239,6 +239,139 @@ async fn the_budget_is_charged_unread_data_and_the_read_buffer() {
     assert_eq!(budget.committed(), 0, "everything charged came back");
 }
 
+/// How late the driver may act on the engine's deadlines: tokio's timer
+/// rounds up to a millisecond, and the machine may be loaded. A check on a
+/// fixed period of a second would miss it.
+const TIMER_MARGIN: std::time::Duration = std::time::Duration::from_millis(150);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_stalled_on_credit_is_closed_at_the_limit() {
+    use std::time::{Duration, Instant};
+    let limit = Duration::from_millis(400);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let device = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut config = config(Role::Device, true);
+        config.stalled_stream_timeout = Some(limit);
+        let (connection, run) = start_tcp(socket, config);
+        tokio::spawn(run);
+        let mut stream = connection.next_incoming().await.unwrap().accept();
+        // More than the host's opening window (two packets): the rest waits
+        // for credit the host never grants, from a moment after the start.
+        let started = Instant::now();
+        let error = stream
+            .write_all(&vec![7u8; 16 << 20])
+            .await
+            .expect_err("the write outlived its stream");
+        (started.elapsed(), error, stream.stats(), connection)
+    });
+    let connection = host(addr, true).await;
+    let mut stream = connection.open("source:").await.unwrap();
+    let (stalled_for, error, stats, device_connection) = device.await.unwrap();
+    assert!(
+        stalled_for >= limit && stalled_for < limit + TIMER_MARGIN,
+        "closed after {stalled_for:?}, the limit is {limit:?}"
+    );
+    assert_eq!(error.kind(), io::ErrorKind::BrokenPipe, "{error}");
+    assert_eq!(stats, None, "the stream is gone");
+    // The host got the CLSE: what arrived, then the end.
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut received))
+        .await
+        .expect("no CLSE reached the host")
+        .unwrap();
+    assert!(received.len() >= 1 << 20 && received.len() < 16 << 20);
+    assert!(received.iter().all(|&b| b == 7));
+    assert!(
+        device_connection.closed().is_none(),
+        "the connection goes on"
+    );
+    assert!(connection.closed().is_none());
+}
+
+/// Refuses every signature, asking for a delay from the second on.
+struct Refuser;
+
+const RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(300);
+
+impl Authenticator for Refuser {
+    fn token(&self) -> Bytes {
+        Bytes::from_static(&[9; 20])
+    }
+    fn verify(&self, _: &str, _: &[u8], _: &[u8]) -> bool {
+        false
+    }
+    fn offer_key(&self, _: &str, _: &[u8]) -> bool {
+        false
+    }
+    fn retry_delay(&self, failures: u32) -> std::time::Duration {
+        if failures >= 2 {
+            RETRY_DELAY
+        } else {
+            std::time::Duration::ZERO
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_signature_gets_the_next_token_after_the_delay() {
+    use std::time::Instant;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let device = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut config = config(Role::Device, true);
+        config.require_auth = true;
+        let (reader, sink, label) = tcp_halves(socket).unwrap();
+        let (connection, run) =
+            Connection::start(reader, sink, config, label, Auth::Device(Arc::new(Refuser)));
+        tokio::spawn(run);
+        connection
+    });
+    // The host signs three tokens, then has nothing left to offer.
+    let (arrivals_tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let responder: AuthResponder = Box::new(move |_token, attempt| {
+        arrivals_tx.send((attempt, Instant::now())).unwrap();
+        (attempt <= 3).then(|| AuthReply::Signature(Bytes::from_static(b"sig")))
+    });
+    let (reader, sink, label) = tcp_halves(TcpStream::connect(addr).await.unwrap()).unwrap();
+    let (connection, run) = Connection::start(
+        reader,
+        sink,
+        config(Role::Host, true),
+        label,
+        Auth::Host(responder),
+    );
+    tokio::spawn(run);
+    let device = device.await.unwrap();
+    let mut times = Vec::new();
+    for expected in 1..=4 {
+        let (attempt, at) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), arrivals.recv())
+                .await
+                .expect("no token came")
+                .unwrap();
+        assert_eq!(attempt, expected);
+        times.push(at);
+    }
+    // One refusal without a delay, then two with.
+    assert!(
+        times[1] - times[0] < TIMER_MARGIN,
+        "{:?}",
+        times[1] - times[0]
+    );
+    for pair in times[1..].windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= RETRY_DELAY && gap < RETRY_DELAY + TIMER_MARGIN,
+            "a token {gap:?} after the refusal, the delay is {RETRY_DELAY:?}"
+        );
+    }
+    assert!(connection.awaiting_authorization());
+    assert!(device.awaiting_auth());
+}
+
 #[test]
 fn sizes_take_binary_suffixes() {
     assert_eq!(parse_size("65536"), Ok(65536));

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use oxadb_wire::packet::{VERSION_CHECKSUMMED, VERSION_SKIP_CHECKSUM};
-use oxadb_wire::{feature, Banner, BannerError, Command, Header, Packet, Payload, MAX_PAYLOAD};
+use oxadb_wire::{
+    feature, Banner, BannerError, Command, Header, Packet, Part, Payload, MAX_PAYLOAD,
+};
 use thiserror::Error;
 
 use crate::budget::MemoryBudget;
@@ -606,15 +608,19 @@ impl Connection {
     }
 
     /// The header to put on the wire for `outgoing`, whose payload must be in
-    /// memory when [`Connection::checksums`] are on (the sum covers its bytes).
+    /// memory when [`Connection::checksums`] are on (the sum covers its
+    /// bytes; the driver reads file ranges first).
     pub fn header_for_outgoing(&self, outgoing: &Outgoing) -> Header {
         let data_crc32 = if self.checksums() {
             assert!(
                 !outgoing.payload.has_file_ranges(),
                 "a checksummed payload must be read first"
             );
-            let bytes = outgoing.payload.clone().into_bytes().expect("in memory");
-            oxadb_wire::packet::payload_checksum(&bytes)
+            // A plain byte sum: the pieces' sums add up to the whole's.
+            outgoing.payload.parts().fold(0u32, |sum, part| match part {
+                Part::Bytes(bytes) => sum.wrapping_add(oxadb_wire::packet::payload_checksum(bytes)),
+                Part::File(_) => sum,
+            })
         } else {
             0
         };
@@ -1543,14 +1549,18 @@ impl Connection {
         }
     }
 
-    /// The next packet to send, if any, with its payload in memory: file
-    /// ranges queued by [`Connection::write_payload`] are read here (a
-    /// driver that can send them directly uses [`Connection::poll_outgoing`]).
-    /// Panics if such a read fails; only drivers that queue no file ranges
-    /// (the simulator, tests) should call it.
+    /// The next packet to send, if any, with its payload in memory, for
+    /// drivers that queue no file ranges (the simulator, tests, the
+    /// handshake before TLS). No file is read here: a payload given to
+    /// [`Connection::write_payload`] or [`Connection::append_payload`] with
+    /// file ranges leaves through [`Connection::poll_outgoing`], and taking
+    /// it here is a caller's bug (a panic).
     pub fn poll_transmit(&mut self) -> Option<Packet> {
-        self.poll_outgoing()
-            .map(|outgoing| outgoing.into_packet().expect("reading a file range"))
+        self.poll_outgoing().map(|outgoing| {
+            outgoing
+                .into_packet()
+                .expect("file ranges leave through poll_outgoing")
+        })
     }
 
     /// The next packet to send, if any. Control packets (handshake, OKAY, CLSE)
@@ -1629,10 +1639,12 @@ impl From<Packet> for Outgoing {
 }
 
 impl Outgoing {
-    /// The packet with its payload in memory (file ranges are read).
-    pub fn into_packet(self) -> std::io::Result<Packet> {
-        let payload = self.payload.into_bytes()?;
-        Ok(Packet::new(self.command, self.arg0, self.arg1, payload))
+    /// The packet with its payload in one buffer; `None` when the payload
+    /// holds file ranges, which the driver sends or reads
+    /// (`oxadb_io::ReadRanges`).
+    pub fn into_packet(self) -> Option<Packet> {
+        let payload = self.payload.in_memory()?;
+        Some(Packet::new(self.command, self.arg0, self.arg1, payload))
     }
 }
 

@@ -117,7 +117,7 @@ mod tests {
         queue.push_bytes(Bytes::from_static(b"0123456789"));
         queue.extend_from_slice(b"xy");
         assert_eq!(queue.len(), 16);
-        let mut take = |max| queue.take(max).into_bytes().unwrap();
+        let mut take = |max| queue.take(max).in_memory().unwrap();
         assert_eq!(take(100), &b"abcd"[..]);
         assert_eq!(take(4), &b"0123"[..]);
         assert_eq!(take(100), &b"456789"[..]);
@@ -133,7 +133,7 @@ mod tests {
         let chunk = Bytes::from(vec![7u8; 1000]);
         let pointer = chunk.as_ptr();
         queue.push_bytes(chunk);
-        assert_eq!(queue.take(4096).into_bytes().unwrap().as_ptr(), pointer);
+        assert_eq!(queue.take(4096).in_memory().unwrap().as_ptr(), pointer);
     }
 
     #[test]
@@ -144,7 +144,7 @@ mod tests {
         queue.extend_from_slice(b"gh");
         queue.append_payload(Payload::from(Bytes::from_static(b"ij")));
         assert_eq!(queue.len(), 10);
-        let mut take = |max| queue.take(max).into_bytes().unwrap();
+        let mut take = |max| queue.take(max).in_memory().unwrap();
         assert_eq!(take(3), &b"abc"[..]);
         assert_eq!(take(6), &b"defghi"[..]);
         assert_eq!(take(6), &b"j"[..]);

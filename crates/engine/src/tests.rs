@@ -1267,6 +1267,54 @@ fn appended_payloads_make_the_same_packets_as_written_bytes() {
     assert!(sizes[0].iter().all(|&n| n <= 1024 * 1024));
 }
 
+/// A file range's source that must never be touched: the engine only
+/// counts a range's length and hands it to the driver.
+#[derive(Debug)]
+struct Untouchable;
+
+impl oxadb_wire::RangeSource for Untouchable {
+    fn sendfile_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        panic!("the engine asked for a descriptor")
+    }
+    fn sendfile_refused(&self) {
+        panic!("the engine sent a file")
+    }
+    fn sent(&self, _: u64) {
+        panic!("the engine sent a file")
+    }
+    fn read_exact_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+        panic!("the engine read a file")
+    }
+    fn shrank(&self, _: u64) -> std::io::Error {
+        panic!("the engine read a file")
+    }
+}
+
+#[test]
+fn file_ranges_pass_through_the_engine_unread() {
+    let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));
+    let (host_id, _) = pair.open("sink:");
+    let source: std::sync::Arc<dyn oxadb_wire::RangeSource> = std::sync::Arc::new(Untouchable);
+    let mut payload = oxadb_wire::Payload::from(Bytes::from_static(b"DATA\0\0\x01\0"));
+    payload.push(oxadb_wire::Part::File(oxadb_wire::FileRange {
+        source: source.clone(),
+        offset: 4096,
+        len: 65536,
+    }));
+    pair.host.write_payload(host_id, payload).unwrap();
+    let outgoing = pair.host.poll_outgoing().unwrap();
+    assert_eq!(outgoing.command, Command::Wrte);
+    let header = pair.host.header_for_outgoing(&outgoing);
+    assert_eq!(header.data_length, 8 + 65536);
+    let parts: Vec<_> = outgoing.payload.parts().cloned().collect();
+    let oxadb_wire::Part::File(range) = &parts[1] else {
+        panic!("the range was not handed on: {parts:?}");
+    };
+    assert!(std::sync::Arc::ptr_eq(&range.source, &source));
+    assert_eq!((range.offset, range.len), (4096, 65536));
+    assert!(outgoing.into_packet().is_none(), "not in memory");
+}
+
 /// Moves every queued packet from `from` to `to`; returns their commands.
 fn flush(from: &mut Connection, to: &mut Connection) -> Vec<Command> {
     let mut commands = Vec::new();

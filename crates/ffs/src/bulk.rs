@@ -21,7 +21,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use oxadb_io::bulk_read::{BulkReader, BulkReads, FinishedReads};
-use oxadb_io::{OutgoingPacket, PacketSink};
+use oxadb_io::{OutgoingPacket, PacketSink, ReadRanges};
 use oxadb_wire::usb::{payload_transfers, SUPER_SPEED_BULK_MAX_PACKET};
 use tokio::sync::Notify;
 
@@ -263,7 +263,7 @@ impl<E: Endpoint> PacketSink for BulkIn<E> {
         self.collect().await?;
         for packet in batch.drain(..) {
             // File ranges are read here: AIO transfers take memory.
-            let payload = packet.payload.into_bytes()?;
+            let payload = packet.payload.read_into_bytes()?;
             self.send(Bytes::copy_from_slice(&packet.header)).await?;
             for range in payload_transfers(payload.len(), self.size, WRITE_CUT) {
                 self.send(payload.slice(range)).await?;

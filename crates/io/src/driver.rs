@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::Notify;
 
 use crate::auth::Authentication;
-use crate::sink::{OutgoingPacket, PacketSink};
+use crate::sink::{OutgoingPacket, PacketSink, ReadRanges};
 use crate::ConnectionError;
 
 #[derive(Default)]

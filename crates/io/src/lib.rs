@@ -11,9 +11,10 @@
 //!   loop, which sleeps until the engine's next deadline (stalled streams,
 //!   delayed AUTH tokens) and hands it back to the engine;
 //! - [`stream`]: [`AdbStream`] and [`WriteChunk`];
-//! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]), and
-//!   `tcp_sink`: [`TcpSink`], which keeps a TCP socket's send buffer full
-//!   (`refill`, shared with TLS);
+//! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]) and the
+//!   copying path for file ranges ([`ReadRanges`]), and `tcp_sink`:
+//!   [`TcpSink`], which keeps a TCP socket's send buffer full (`refill`,
+//!   shared with TLS) and sends file ranges by `sendfile`;
 //! - [`auth`]: both roles' authentication ([`Auth`], [`Authenticator`]);
 //! - [`bulk_read`]: USB bulk reads as the driver's byte stream, for both
 //!   ends ([`bulk_read::BulkReader`]);
@@ -55,7 +56,7 @@ pub use process::{
     available_memory, default_budget_limits, format_size, parse_credit_mode, parse_size,
     process_budget, release_free_memory, resident_bytes, trim_when_idle, tune_allocator,
 };
-pub use sink::{OutgoingPacket, PacketSink, StreamSink};
+pub use sink::{OutgoingPacket, PacketSink, ReadRanges, StreamSink};
 pub use stream::{AdbStream, ReadChunk, WriteChunk};
 pub use tcp_sink::TcpSink;
 

@@ -1,9 +1,11 @@
 //! Where the writer task puts packets: [`PacketSink`], and [`StreamSink`]
-//! for byte streams, which writes a batch with as few writev calls as it can.
+//! for byte streams, which writes a batch with as few writev calls as it can;
+//! and [`ReadRanges`], the copying path for payloads with file ranges.
 
 use std::io::{self, IoSlice};
 
-use oxadb_wire::{Payload, HEADER_LEN};
+use bytes::{Bytes, BytesMut};
+use oxadb_wire::{Part, Payload, HEADER_LEN};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// One packet ready for the wire: its encoded header and its payload, which
@@ -72,7 +74,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 /// Slices of `packets` after the first `skip` bytes: each packet's header,
-/// then its payload, which must be in memory (`Payload::read_in`).
+/// then its payload, which must be in memory ([`ReadRanges::read_in`]).
 pub(crate) fn batch_slices(packets: &[OutgoingPacket], mut skip: usize) -> Vec<IoSlice<'_>> {
     let mut slices = Vec::with_capacity(2 * packets.len());
     for packet in packets {
@@ -90,4 +92,49 @@ pub(crate) fn batch_slices(packets: &[OutgoingPacket], mut skip: usize) -> Vec<I
         }
     }
     slices
+}
+
+/// The copying path: a payload's file ranges read into memory, for sinks
+/// that cannot send them (USB, TLS, byte streams), for a peer that checks
+/// payload sums, and where `sendfile` refused a file. The protocol crates
+/// below never read a file; this is where ranges are read.
+pub trait ReadRanges {
+    /// Reads the payload into one buffer in place and returns it. A read
+    /// that fails is an error naming the file (one that shrank under its
+    /// ranges: [`RangeSource::shrank`](oxadb_wire::RangeSource::shrank)),
+    /// which ends the connection.
+    fn read_in(&mut self) -> io::Result<&Bytes>;
+
+    /// The payload in one buffer, its file ranges read.
+    fn read_into_bytes(self) -> io::Result<Bytes>;
+}
+
+impl ReadRanges for Payload {
+    fn read_in(&mut self) -> io::Result<&Bytes> {
+        if self.as_bytes().is_none() {
+            let bytes = std::mem::take(self).read_into_bytes()?;
+            *self = Payload::from(bytes);
+        }
+        Ok(self.as_bytes().expect("just read in"))
+    }
+
+    fn read_into_bytes(self) -> io::Result<Bytes> {
+        if let Some(bytes) = self.as_bytes() {
+            return Ok(bytes.clone());
+        }
+        let mut out = BytesMut::with_capacity(self.len());
+        for part in self.parts() {
+            match part {
+                Part::Bytes(bytes) => out.extend_from_slice(bytes),
+                Part::File(range) => {
+                    let start = out.len();
+                    out.resize(start + range.len, 0);
+                    range
+                        .source
+                        .read_exact_at(&mut out[start..], range.offset)?;
+                }
+            }
+        }
+        Ok(out.freeze())
+    }
 }

@@ -13,6 +13,7 @@ use oxadb_wire::Payload;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::driver::Shared;
+use crate::sink::ReadRanges;
 
 /// One ADB stream. Reads return what the peer sent (EOF once it closed the
 /// stream); writes queue data for WRTE packets under the stream's credit;
@@ -161,7 +162,7 @@ impl WriteChunk for tokio::io::DuplexStream {
     }
 
     async fn write_payload(&mut self, data: Payload, _append: bool) -> io::Result<()> {
-        let data = data.into_bytes()?;
+        let data = data.read_into_bytes()?;
         self.write_all(&data).await
     }
 }

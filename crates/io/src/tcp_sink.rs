@@ -13,7 +13,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use oxadb_wire::{FileRange, Part, HEADER_LEN};
 
 use crate::refill::Refill;
-use crate::sink::{OutgoingPacket, PacketSink};
+use crate::sink::{OutgoingPacket, PacketSink, ReadRanges};
 /// Slices per sendmsg; Linux caps iovecs at 1024 (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 512;
 
@@ -76,21 +76,16 @@ fn write_once(
                 range,
                 skip,
             } => {
-                if range.file.fell_back() {
+                let Some(file) = range.source.sendfile_fd() else {
                     // The copying path for the rest of this file.
                     batch[packet].payload.read_in()?;
                     continue;
-                }
+                };
                 let mut offset = range.offset + skip as u64;
-                match rustix::fs::sendfile(
-                    socket,
-                    range.file.file(),
-                    Some(&mut offset),
-                    range.len - skip,
-                ) {
-                    Ok(0) => return Err(range.file.shrank(range.offset + range.len as u64)),
+                match rustix::fs::sendfile(socket, file, Some(&mut offset), range.len - skip) {
+                    Ok(0) => return Err(range.source.shrank(range.offset + range.len as u64)),
                     Ok(n) => {
-                        range.file.note_sent(n as u64);
+                        range.source.sent(n as u64);
                         counts.by_sendfile += n as u64;
                         return Ok(n);
                     }
@@ -101,7 +96,7 @@ fn write_once(
                     | Err(rustix::io::Errno::NOSYS)
                     | Err(rustix::io::Errno::OPNOTSUPP) => {
                         tracing::debug!("sendfile refused a file; reading it instead");
-                        range.file.mark_unsupported();
+                        range.source.sendfile_refused();
                         counts.fallbacks += 1;
                         batch[packet].payload.read_in()?;
                     }
@@ -262,7 +257,8 @@ mod tests {
     }
 
     use crate::sink::StreamSink;
-    use oxadb_wire::{Payload, RangeCounters, SendFile};
+    use oxadb_transfer::SendFile;
+    use oxadb_wire::{Payload, RangeCounters};
     use std::sync::Arc;
 
     /// A connected loopback pair: the writer's half (with a small send
@@ -330,7 +326,7 @@ mod tests {
             header.extend_from_slice(&(len as u32).to_le_bytes());
             payload.push(Part::Bytes(bytes::Bytes::from(header)));
             payload.push(Part::File(FileRange {
-                file: file.clone(),
+                source: file.clone(),
                 offset: offset as u64,
                 len,
             }));
@@ -338,7 +334,7 @@ mod tests {
                 // Two frames in one packet, as a pull's WRTE holds 15.
                 payload.push(Part::Bytes(bytes::Bytes::from_static(b"DATA\x02\0\0\0")));
                 payload.push(Part::File(FileRange {
-                    file: file.clone(),
+                    source: file.clone(),
                     offset: (offset + len) as u64,
                     len: 2,
                 }));
@@ -385,7 +381,7 @@ mod tests {
             batch.push(OutgoingPacket {
                 header: [7; HEADER_LEN],
                 payload: Part::File(FileRange {
-                    file: shared.clone(),
+                    source: shared.clone(),
                     offset: offset as u64,
                     len,
                 })
@@ -416,7 +412,7 @@ mod tests {
             vec![OutgoingPacket {
                 header: [3; HEADER_LEN],
                 payload: Part::File(FileRange {
-                    file: shared.clone(),
+                    source: shared.clone(),
                     offset: 0,
                     len: 64 * 1024,
                 })

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use oxadb_wire::HEADER_LEN;
 
 use crate::refill::Refill;
-use crate::sink::{batch_slices, OutgoingPacket, PacketSink};
+use crate::sink::{batch_slices, OutgoingPacket, PacketSink, ReadRanges};
 
 /// Ciphertext read from the socket per system call at most: four full
 /// records. The plaintext path reads up to a packet at a time; this buffer

@@ -29,6 +29,7 @@ mod destination;
 mod durable;
 mod inbox;
 mod journal;
+mod send_file;
 mod sink;
 mod source;
 mod state_dir;
@@ -41,6 +42,7 @@ pub use destination::{process_umask, set_times_at, Attributes, Destination, Mode
 pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
 pub use journal::{close_journal, open_journal, JournalError, Sweep};
+pub use send_file::SendFile;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{
     send_frames, set_zero_copy, zero_copy_enabled, zero_copy_from_env, BufferPool, FrameRanges,

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use oxadb_wire::compression::Encoder;
 use oxadb_wire::sync::{self as wire, Compression, HEADER_LEN, SYNC_DATA_MAX};
-use oxadb_wire::{FileRange, Part, Payload, RangeCounters, SendFile};
+use oxadb_wire::{FileRange, Part, Payload, RangeCounters};
 use tokio::sync::mpsc;
+
+use crate::send_file::SendFile;
 
 /// A `DATA` frame at full size: header and payload.
 const FRAME_LEN: usize = HEADER_LEN + SYNC_DATA_MAX;
@@ -176,7 +178,7 @@ impl Iterator for FrameRanges {
         for len in lens {
             payload.push(Part::Bytes(headers.split_to(HEADER_LEN)));
             payload.push(Part::File(FileRange {
-                file: self.file.clone(),
+                source: self.file.clone(),
                 offset: self.offset,
                 len,
             }));
@@ -502,6 +504,25 @@ mod tests {
     use crate::testdata::sample;
     use oxadb_wire::sync::SyncHeader;
 
+    /// The bytes a writer sends for `payload`, its file ranges read.
+    fn read_ranges(payload: Payload) -> Bytes {
+        let mut out = BytesMut::with_capacity(payload.len());
+        for part in payload.parts() {
+            match part {
+                Part::Bytes(bytes) => out.extend_from_slice(bytes),
+                Part::File(range) => {
+                    let start = out.len();
+                    out.resize(start + range.len, 0);
+                    range
+                        .source
+                        .read_exact_at(&mut out[start..], range.offset)
+                        .unwrap();
+                }
+            }
+        }
+        out.freeze()
+    }
+
     /// Splits batches into frames and returns the payloads.
     fn payloads(batches: &[Bytes]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
@@ -661,7 +682,7 @@ mod tests {
                 let counters = Arc::new(RangeCounters::default());
                 let payloads: Vec<Bytes> = source
                     .into_ranges(&framing, counters.clone())
-                    .map(|p| p.unwrap().into_bytes().unwrap())
+                    .map(|p| read_ranges(p.unwrap()))
                     .collect();
                 // The same batches (so the same WRTEs), byte for byte.
                 assert_eq!(payloads, batches, "{framing:?} size {size}");
@@ -685,7 +706,7 @@ mod tests {
             .open(&path)
             .unwrap();
         more.write_all(&sample(50)).unwrap();
-        let second = ranges.next().unwrap().unwrap().into_bytes().unwrap();
+        let second = read_ranges(ranges.next().unwrap().unwrap());
         assert_eq!(&second[HEADER_LEN..], &sample(50)[..]);
         assert!(ranges.next().is_none());
     }

@@ -16,4 +16,4 @@ pub mod usb;
 
 pub use banner::{feature, Banner, BannerError};
 pub use packet::{Command, Header, HeaderError, Packet, HEADER_LEN, MAX_PAYLOAD};
-pub use payload::{FileRange, Part, Payload, RangeCounters, SendFile};
+pub use payload::{FileRange, Part, Payload, RangeCounters, RangeSource};

@@ -2,14 +2,15 @@
 //! sync `DATA` headers) and ranges of a file, which a TCP writer can hand to
 //! `sendfile` so file data never passes through user space. Writers that
 //! cannot take file ranges (USB, in-memory pipes, or a peer that wants
-//! payload checksums) read them with [`Payload::into_bytes`]; either way the
-//! bytes on the wire are the same.
+//! payload checksums) read them into memory (`oxadb_io::ReadRanges`); either
+//! way the bytes on the wire are the same. Nothing here reads a file: a
+//! range is an opaque [`RangeSource`] and a length.
 
 use std::collections::VecDeque;
-use std::fs::File;
+use std::fmt;
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -41,100 +42,41 @@ impl RangeCounters {
     }
 }
 
-/// A file sent by ranges, and where to count what happened to them.
-#[derive(Debug)]
-pub struct SendFile {
-    file: File,
-    /// What error messages call the file (its local path), if known.
-    name: Option<String>,
-    /// `sendfile` refused this file (EINVAL, ENOSYS, EOPNOTSUPP: no
-    /// `splice_read` on its filesystem, as for /proc's seq files): its other
-    /// ranges are read into memory without trying again.
-    unsupported: AtomicBool,
-    counters: Arc<RangeCounters>,
-}
+/// Where the bytes of a [`FileRange`] are: a file the sender opened
+/// (`oxadb_transfer::SendFile`). Opaque to the protocol, which only counts
+/// its lengths (this crate and the engine never read it); the connection's
+/// writer in `oxadb-io` hands it to `sendfile` or, on the copying path,
+/// reads it through these methods.
+pub trait RangeSource: fmt::Debug + Send + Sync {
+    /// The descriptor `sendfile` reads from; `None` once `sendfile` was
+    /// refused for this source ([`RangeSource::sendfile_refused`]), whose
+    /// ranges are read from then on.
+    fn sendfile_fd(&self) -> Option<BorrowedFd<'_>>;
 
-impl SendFile {
-    pub fn new(file: File, counters: Arc<RangeCounters>) -> Arc<SendFile> {
-        SendFile::named(file, None, counters)
-    }
+    /// `sendfile` cannot read this source (EINVAL, ENOSYS, EOPNOTSUPP: no
+    /// `splice_read` on its filesystem, as for /proc's seq files).
+    fn sendfile_refused(&self);
 
-    /// As [`SendFile::new`], for a file that errors name as `name`.
-    pub fn named(file: File, name: Option<String>, counters: Arc<RangeCounters>) -> Arc<SendFile> {
-        counters.files.fetch_add(1, Ordering::Relaxed);
-        Arc::new(SendFile {
-            file,
-            name,
-            unsupported: AtomicBool::new(false),
-            counters,
-        })
-    }
+    /// `bytes` of it went out by `sendfile`.
+    fn sent(&self, bytes: u64);
 
-    /// The error for a file that ended before `end`, the end of a range
+    /// Fills `buf` from `offset` (the copying path). A source that ends
+    /// first fails with [`RangeSource::shrank`]'s error; every error names
+    /// the source.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// The error for a source that ends before `end`, the end of a range
     /// already framed: its lengths cannot be filled, so the connection that
     /// carries it cannot go on.
-    pub fn shrank(&self, end: u64) -> io::Error {
-        let file = match &self.name {
-            Some(name) => format!("'{name}'"),
-            None => "a file".to_string(),
-        };
-        io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("{file} shrank while being sent: it ends before byte {end}, which was already framed"),
-        )
-    }
-
-    pub fn file(&self) -> &File {
-        &self.file
-    }
-
-    /// Whether `sendfile` failed for this file and its ranges are copied.
-    pub fn fell_back(&self) -> bool {
-        self.unsupported.load(Ordering::Relaxed)
-    }
-
-    /// Records that `sendfile` cannot read this file (counted once).
-    pub fn mark_unsupported(&self) {
-        if !self.unsupported.swap(true, Ordering::Relaxed) {
-            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub fn note_sent(&self, bytes: u64) {
-        self.counters
-            .by_sendfile
-            .fetch_add(bytes, Ordering::Relaxed);
-    }
+    fn shrank(&self, end: u64) -> io::Error;
 }
 
-/// `len` bytes of a file from `offset`.
+/// `len` bytes of a [`RangeSource`] from `offset`.
 #[derive(Debug, Clone)]
 pub struct FileRange {
-    pub file: Arc<SendFile>,
+    pub source: Arc<dyn RangeSource>,
     pub offset: u64,
     pub len: usize,
-}
-
-impl FileRange {
-    /// Reads the range into `out` (positioned reads: the file offset is not used).
-    pub fn read_into(&self, out: &mut BytesMut) -> io::Result<()> {
-        let start = out.len();
-        out.resize(start + self.len, 0);
-        let result = self.file.file.read_exact_at(&mut out[start..], self.offset);
-        if let Err(error) = result {
-            out.truncate(start);
-            return Err(if error.kind() == io::ErrorKind::UnexpectedEof {
-                self.file.shrank(self.offset + self.len as u64)
-            } else {
-                error
-            });
-        }
-        self.file
-            .counters
-            .copied
-            .fetch_add(self.len as u64, Ordering::Relaxed);
-        Ok(())
-    }
 }
 
 /// One piece of a payload.
@@ -162,7 +104,7 @@ impl Part {
             Part::Bytes(bytes) => Part::Bytes(bytes.split_to(at)),
             Part::File(range) => {
                 let front = FileRange {
-                    file: range.file.clone(),
+                    source: range.source.clone(),
                     offset: range.offset,
                     len: at,
                 };
@@ -310,54 +252,78 @@ impl Payload {
         }
     }
 
-    /// The payload in memory: file ranges are read (the copying path, for
-    /// writers without `sendfile` and for checksums).
-    pub fn into_bytes(self) -> io::Result<Bytes> {
+    /// The payload as one buffer, when none of it is a file range (those
+    /// are read by the connection's writer, `oxadb_io::ReadRanges`).
+    pub fn in_memory(self) -> Option<Bytes> {
         match self.repr {
-            Repr::One(Part::Bytes(bytes)) => Ok(bytes),
-            repr => {
-                let payload = Payload { repr };
-                let mut out = BytesMut::with_capacity(payload.len());
-                for part in payload.parts() {
+            Repr::One(Part::Bytes(bytes)) => Some(bytes),
+            Repr::One(Part::File(_)) => None,
+            Repr::Parts { parts, len } => {
+                let mut out = BytesMut::with_capacity(len);
+                for part in parts {
                     match part {
-                        Part::Bytes(bytes) => out.extend_from_slice(bytes),
-                        Part::File(range) => range.read_into(&mut out)?,
+                        Part::Bytes(bytes) => out.extend_from_slice(&bytes),
+                        Part::File(_) => return None,
                     }
                 }
-                Ok(out.freeze())
+                Some(out.freeze())
             }
         }
-    }
-
-    /// Reads the payload into memory in place and returns it.
-    pub fn read_in(&mut self) -> io::Result<&Bytes> {
-        if self.as_bytes().is_none() {
-            let bytes = std::mem::take(self).into_bytes()?;
-            *self = Payload::from(bytes);
-        }
-        Ok(self.as_bytes().expect("just read in"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
-    fn file_with(data: &[u8]) -> Arc<SendFile> {
-        let mut file = tempfile::tempfile().unwrap();
-        file.write_all(data).unwrap();
-        SendFile::new(file, Arc::default())
+    /// A source in memory, to follow the ranges a payload splits into.
+    #[derive(Debug)]
+    struct Memory(Vec<u8>);
+
+    impl RangeSource for Memory {
+        fn sendfile_fd(&self) -> Option<BorrowedFd<'_>> {
+            None
+        }
+        fn sendfile_refused(&self) {}
+        fn sent(&self, _: u64) {}
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            let start = offset as usize;
+            let bytes = self.0.get(start..start + buf.len());
+            buf.copy_from_slice(bytes.ok_or_else(|| self.shrank(offset + buf.len() as u64))?);
+            Ok(())
+        }
+        fn shrank(&self, end: u64) -> io::Error {
+            io::Error::new(io::ErrorKind::UnexpectedEof, format!("ends before {end}"))
+        }
+    }
+
+    /// The payload's bytes, its ranges read from their sources.
+    fn contents(payload: &Payload) -> Vec<u8> {
+        let mut out = Vec::new();
+        for part in payload.parts() {
+            match part {
+                Part::Bytes(bytes) => out.extend_from_slice(bytes),
+                Part::File(range) => {
+                    let start = out.len();
+                    out.resize(start + range.len, 0);
+                    range
+                        .source
+                        .read_exact_at(&mut out[start..], range.offset)
+                        .unwrap();
+                }
+            }
+        }
+        out
     }
 
     #[test]
-    fn splits_and_reads_across_parts() {
+    fn splits_across_parts_at_any_byte() {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-        let file = file_with(&data);
+        let source: Arc<dyn RangeSource> = Arc::new(Memory(data.clone()));
         let mut payload = Payload::default();
         payload.push(Part::Bytes(Bytes::from_static(b"head")));
         payload.push(Part::File(FileRange {
-            file: file.clone(),
+            source,
             offset: 10,
             len: 500,
         }));
@@ -368,28 +334,35 @@ mod tests {
         let mut expected = b"head".to_vec();
         expected.extend_from_slice(&data[10..510]);
         expected.extend_from_slice(b"tail");
+        assert_eq!(contents(&payload), expected);
 
         let mut rest = payload.clone();
         let mut pieces = Vec::new();
         for at in [0, 3, 2, 300, 199, 4] {
-            pieces.push(rest.split_to(at).into_bytes().unwrap());
+            let piece = rest.split_to(at);
+            assert_eq!(piece.len(), at);
+            pieces.push(contents(&piece));
         }
         assert!(rest.is_empty());
         assert_eq!(pieces.concat(), expected);
-        assert_eq!(payload.into_bytes().unwrap(), expected);
-        assert_eq!(file.counters.snapshot(), (1, 0, 1000, 0));
+        assert_eq!(payload.in_memory(), None, "ranges are not in memory");
     }
 
     #[test]
-    fn a_short_file_is_an_error() {
-        let file = file_with(b"abc");
-        let mut payload = Payload::default();
-        payload.push(Part::File(FileRange {
-            file,
-            offset: 0,
-            len: 4,
-        }));
-        let error = payload.into_bytes().unwrap_err();
-        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+    fn pieces_in_memory_join_into_one_buffer() {
+        let mut payload = Payload::from(Bytes::from_static(b"one "));
+        payload.push(Part::Bytes(Bytes::from_static(b"two")));
+        payload.append(Payload::from(Bytes::from_static(b" three")));
+        assert!(!payload.has_file_ranges());
+        assert_eq!(payload.as_bytes(), None, "several pieces");
+        assert_eq!(payload.in_memory().unwrap(), &b"one two three"[..]);
+        let single = Bytes::from_static(b"whole");
+        let pointer = single.as_ptr();
+        let joined = Payload::from(single).in_memory().unwrap();
+        assert_eq!(
+            joined.as_ptr(),
+            pointer,
+            "one buffer is handed back as it is"
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::io;
 use std::time::Duration;
 
 use nusb::transfer::{Buffer, Completion};
-use oxadb_io::{OutgoingPacket, PacketSink};
+use oxadb_io::{OutgoingPacket, PacketSink, ReadRanges};
 use oxadb_wire::usb::{host_needs_zlp, payload_transfers};
 
 use super::{transfer_error, BulkEndpoint};
@@ -102,7 +102,7 @@ impl<E: BulkEndpoint> PacketSink for UsbSink<E> {
     async fn write_packets(&mut self, batch: &mut Vec<OutgoingPacket>) -> io::Result<()> {
         for packet in batch.drain(..) {
             // File ranges are read here: usbfs transfers take memory.
-            let payload = packet.payload.into_bytes()?;
+            let payload = packet.payload.read_into_bytes()?;
             self.send_part(&packet.header).await?;
             if !payload.is_empty() {
                 self.send_part(&payload).await?;

@@ -72,6 +72,14 @@ pub fn make_state_dir(dir: &Path) -> Result<(), StateDirError> {
             mode: md.mode() & 0o7777,
         });
     }
+    // A directory that exists but cannot take a journal (a read-only root,
+    // as a board or a VM sharing the host's tree has) is as unusable as a
+    // missing one: the caller falls back instead of failing at the journal.
+    rustix::fs::access(
+        dir,
+        rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+    )
+    .map_err(|errno| io_error("checking it can be written")(io::Error::from(errno)))?;
     Ok(())
 }
 

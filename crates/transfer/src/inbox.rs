@@ -1,6 +1,9 @@
 //! Received sync bytes as the stream delivered them: a queue of chunks that
-//! both roles parse in place, so `DATA` payloads leave as slices of the
-//! chunks (no copy) and only headers and request paths are copied out.
+//! both roles' machines (`protocol/`) parse in place, so `DATA` payloads
+//! leave as slices of the chunks (no copy) and only headers, request paths
+//! and replies are copied out. It is the one reading helper of the sync
+//! protocol: a machine asks it whether a whole frame is there and takes it,
+//! or waits for the next chunk.
 
 use std::collections::VecDeque;
 
@@ -43,16 +46,38 @@ impl Inbox {
             return None;
         }
         let mut bytes = [0u8; HEADER_LEN];
+        self.copy_prefix(&mut bytes);
+        SyncHeader::parse(&bytes).ok()
+    }
+
+    /// A copy of the first `len` buffered bytes (which must be there),
+    /// without consuming them.
+    pub fn peek(&self, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        self.copy_prefix(&mut out);
+        out
+    }
+
+    /// The next sync header, consumed; `None` (and nothing consumed) until 8
+    /// bytes are buffered.
+    pub fn take_header(&mut self) -> Option<SyncHeader> {
+        let header = self.peek_header()?;
+        self.consume(HEADER_LEN);
+        Some(header)
+    }
+
+    /// Fills `out` from the front of the buffered bytes (there must be enough).
+    fn copy_prefix(&self, out: &mut [u8]) {
+        assert!(out.len() <= self.len, "enough buffered data");
         let mut filled = 0;
         for chunk in &self.chunks {
-            let take = (HEADER_LEN - filled).min(chunk.len());
-            bytes[filled..filled + take].copy_from_slice(&chunk[..take]);
-            filled += take;
-            if filled == HEADER_LEN {
+            if filled == out.len() {
                 break;
             }
+            let take = (out.len() - filled).min(chunk.len());
+            out[filled..filled + take].copy_from_slice(&chunk[..take]);
+            filled += take;
         }
-        SyncHeader::parse(&bytes).ok()
     }
 
     /// Drops `amount` buffered bytes (which must be there).

@@ -11,9 +11,10 @@
 //! [`Framing`]) rather than two copies of the code (docs/architecture.md,
 //! "transfer").
 //!
-//! Everything here blocks: callers run it on a blocking thread and talk to it
-//! through bounded `tokio::sync::mpsc` channels ([`Chunk`] in, `Bytes`
-//! batches out).
+//! Everything here blocks: callers run it on a blocking thread and talk to
+//! it through bounded [`handoff`] queues ([`Chunk`] in, `Bytes` batches
+//! out), which either end may wait on blocking or as a future; the crate
+//! has no async runtime.
 //!
 //! A plain transfer from a regular file can skip the buffers: [`Source::into_ranges`]
 //! frames it as file ranges that the TCP writer sends by `sendfile`
@@ -27,6 +28,7 @@
 mod dest_error;
 mod destination;
 mod durable;
+pub mod handoff;
 mod inbox;
 mod journal;
 mod send_file;

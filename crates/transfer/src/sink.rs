@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use oxadb_wire::compression;
 use oxadb_wire::sync::Compression;
-use tokio::sync::mpsc;
+
+use crate::handoff::{self, TryRecvError};
 
 /// Pieces written with one `writev` at most.
 const MAX_WRITE_PIECES: usize = 64;
@@ -17,7 +18,7 @@ const MAX_WRITE_BYTES: usize = 4 * 1024 * 1024;
 /// Output buffer of a decompressing transfer.
 const DECODE_BUFFER: usize = 256 * 1024;
 
-/// What the async side hands the file thread.
+/// What the stream side hands the file thread.
 #[derive(Debug)]
 pub enum Chunk {
     /// A `DATA` payload (or a piece of one).
@@ -33,7 +34,7 @@ pub enum Chunk {
 /// closed before `DONE` means the other side stopped the transfer: reads
 /// fail with `ConnectionAborted` and [`ChunkReader::stopped`] says so.
 pub struct ChunkReader {
-    queue: mpsc::Receiver<Chunk>,
+    queue: handoff::Receiver<Chunk>,
     /// Received and not yet read, oldest first; never holds an empty piece.
     pieces: VecDeque<Bytes>,
     done_mtime: Option<u32>,
@@ -42,7 +43,7 @@ pub struct ChunkReader {
 }
 
 impl ChunkReader {
-    pub fn new(queue: mpsc::Receiver<Chunk>) -> ChunkReader {
+    pub fn new(queue: handoff::Receiver<Chunk>) -> ChunkReader {
         ChunkReader {
             queue,
             pieces: VecDeque::new(),
@@ -103,8 +104,8 @@ impl ChunkReader {
             } else {
                 match self.queue.try_recv() {
                     Ok(chunk) => Some(chunk),
-                    Err(mpsc::error::TryRecvError::Empty) => return Ok(None),
-                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                    Err(TryRecvError::Empty) => return Ok(None),
+                    Err(TryRecvError::Disconnected) => None,
                 }
             };
             match next {
@@ -287,7 +288,7 @@ mod tests {
 
     /// Feeds `stream` in `piece`-sized chunks, then `DONE` unless `done` is false.
     fn feed(stream: Vec<u8>, piece: usize, done: bool) -> ChunkReader {
-        let (chunks, queue) = mpsc::channel(4);
+        let (mut chunks, queue) = handoff::channel(4);
         std::thread::spawn(move || {
             for piece in stream.chunks(piece) {
                 chunks
@@ -337,7 +338,7 @@ mod tests {
     #[test]
     fn handed_over_pieces_read_as_one_stream_with_single_chunks() {
         let data = sample(300_007);
-        let (chunks, queue) = mpsc::channel(2);
+        let (mut chunks, queue) = handoff::channel(2);
         let sent = data.clone();
         std::thread::spawn(move || {
             let (batched, single) = sent.split_at(200_000);

@@ -12,7 +12,6 @@ use bytes::{Bytes, BytesMut};
 use oxadb_wire::compression::Encoder;
 use oxadb_wire::sync::{self as wire, Compression, HEADER_LEN, SYNC_DATA_MAX};
 use oxadb_wire::{FileRange, Part, Payload, RangeCounters};
-use tokio::sync::mpsc;
 
 use crate::send_file::SendFile;
 
@@ -269,17 +268,17 @@ impl BufferPool {
 }
 
 /// The file thread's end of the batch queue.
-struct Batches {
-    sender: mpsc::Sender<Bytes>,
+struct Batches<F> {
+    sink: F,
     pool: BufferPool,
     stopped: bool,
 }
 
-impl Batches {
+impl<F: FnMut(Bytes) -> bool> Batches<F> {
     fn send(&mut self, batch: BytesMut) -> io::Result<()> {
         let batch = batch.freeze();
         self.pool.keep(&batch);
-        if self.sender.blocking_send(batch).is_err() {
+        if !(self.sink)(batch) {
             self.stopped = true;
             return Err(io::Error::from(io::ErrorKind::BrokenPipe));
         }
@@ -287,18 +286,19 @@ impl Batches {
     }
 }
 
-/// Reads `file` to its end and queues ready-made `DATA` frames (compressed as
-/// `compression` says) on `batches`; `read` counts the file bytes read. Runs
-/// on a blocking thread; `Err(Stopped)` when the receiver went away.
+/// Reads `file` to its end and hands ready-made `DATA` frames (compressed as
+/// `compression` says) to `batches`, a batch at a time, until it returns
+/// false (the stream side stopped taking them); `read` counts the file bytes
+/// read. Runs on a blocking thread; `Err(Stopped)` when the sink stopped.
 pub fn send_frames(
     file: &File,
     compression: Compression,
     framing: &Framing,
-    batches: mpsc::Sender<Bytes>,
+    batches: impl FnMut(Bytes) -> bool,
     read: &AtomicU64,
 ) -> Result<(), SendError> {
     let batches = Batches {
-        sender: batches,
+        sink: batches,
         pool: BufferPool::new(framing.queue_depth + 4),
         stopped: false,
     };
@@ -311,10 +311,10 @@ pub fn send_frames(
 
 /// Uncompressed: each `readv` fills the payload slots of a batch's frames in
 /// place, so the data is copied once from the page cache and never again.
-fn send_plain(
+fn send_plain<F: FnMut(Bytes) -> bool>(
     mut file: &File,
     framing: &Framing,
-    mut batches: Batches,
+    mut batches: Batches<F>,
     read: &AtomicU64,
 ) -> Result<(), SendError> {
     loop {
@@ -374,18 +374,18 @@ fn read_into_frames(file: &mut &File, batch: &mut BytesMut) -> io::Result<(usize
 }
 
 /// Compressed: the encoder's output is cut into full-size frames by [`FrameSink`].
-fn send_compressed(
+fn send_compressed<F: FnMut(Bytes) -> bool>(
     mut file: &File,
     compression: Compression,
     framing: &Framing,
-    batches: Batches,
+    batches: Batches<F>,
     read: &AtomicU64,
 ) -> Result<(), SendError> {
     let sink = FrameSink::new(batches, framing.compressed_frames_per_batch);
     // The encoders are adb's and adbd's (see `oxadb_wire::compression`).
     let mut encoder = Encoder::new(compression, sink).map_err(SendError::Compress)?;
     let mut input = vec![0u8; framing.compress_input];
-    let classify = |error: io::Error, sink: &FrameSink| {
+    let classify = |error: io::Error, sink: &FrameSink<F>| {
         if sink.batches.stopped {
             SendError::Stopped
         } else {
@@ -413,16 +413,16 @@ fn send_compressed(
 }
 
 /// Cuts a byte stream into full-size `DATA` frames, sent in batches.
-struct FrameSink {
-    batches: Batches,
+struct FrameSink<F> {
+    batches: Batches<F>,
     capacity: usize,
     batch: BytesMut,
     /// Offset of the header of the frame being filled.
     open_frame: Option<usize>,
 }
 
-impl FrameSink {
-    fn new(mut batches: Batches, frames_per_batch: usize) -> FrameSink {
+impl<F: FnMut(Bytes) -> bool> FrameSink<F> {
+    fn new(mut batches: Batches<F>, frames_per_batch: usize) -> FrameSink<F> {
         let capacity = frames_per_batch * FRAME_LEN;
         let batch = Self::empty_batch(&mut batches, capacity);
         FrameSink {
@@ -433,7 +433,7 @@ impl FrameSink {
         }
     }
 
-    fn empty_batch(batches: &mut Batches, capacity: usize) -> BytesMut {
+    fn empty_batch(batches: &mut Batches<F>, capacity: usize) -> BytesMut {
         let mut batch = batches.pool.take(capacity);
         batch.clear();
         batch
@@ -461,7 +461,7 @@ impl FrameSink {
     }
 }
 
-impl Write for FrameSink {
+impl<F: FnMut(Bytes) -> bool> Write for FrameSink<F> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         if self.batches.stopped {
             return Err(io::Error::from(io::ErrorKind::BrokenPipe));
@@ -500,6 +500,7 @@ impl Write for FrameSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handoff;
     use crate::sink::{receive, Chunk, ChunkReader};
     use crate::testdata::sample;
     use oxadb_wire::sync::SyncHeader;
@@ -547,18 +548,20 @@ mod tests {
         std::fs::write(&path, data).unwrap();
         let source = Source::open(&path).unwrap();
         assert_eq!(source.len(), data.len() as u64);
-        let (sender, mut receiver) = mpsc::channel(framing.queue_depth);
-        let len = data.len() as u64;
-        let worker = std::thread::spawn(move || {
-            let read = AtomicU64::new(0);
-            send_frames(source.file(), compression, &framing, sender, &read).unwrap();
-            assert_eq!(read.load(Ordering::Relaxed), len);
-        });
         let mut batches = Vec::new();
-        while let Some(batch) = receiver.blocking_recv() {
-            batches.push(batch);
-        }
-        worker.join().unwrap();
+        let read = AtomicU64::new(0);
+        send_frames(
+            source.file(),
+            compression,
+            &framing,
+            |batch| {
+                batches.push(batch);
+                true
+            },
+            &read,
+        )
+        .unwrap();
+        assert_eq!(read.load(Ordering::Relaxed), data.len() as u64);
         batches
     }
 
@@ -607,7 +610,7 @@ mod tests {
                 assert!(stream.len() < data.len(), "{compression:?} compresses");
 
                 // Decode through the receiving half, a few bytes at a time.
-                let (sender, queue) = mpsc::channel(4);
+                let (mut sender, queue) = handoff::channel(4);
                 let feeder = std::thread::spawn(move || {
                     for piece in stream.chunks(1000) {
                         sender
@@ -642,14 +645,13 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, sample(40 * SYNC_DATA_MAX)).unwrap();
         for compression in [Compression::None, Compression::Zstd] {
-            let (sender, receiver) = mpsc::channel(1);
-            drop(receiver);
             let file = File::open(&path).unwrap();
+            // The stream side takes nothing.
             let result = send_frames(
                 &file,
                 compression,
                 &Framing::HOST,
-                sender,
+                |_| false,
                 &AtomicU64::new(0),
             );
             assert!(matches!(result, Err(SendError::Stopped)), "{result:?}");

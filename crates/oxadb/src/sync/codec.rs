@@ -9,14 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use oxadb_transfer::{send_frames, Framing, SendError};
+use oxadb_transfer::{handoff, send_frames, Framing, SendError};
 use oxadb_wire::sync::Compression;
-use tokio::sync::mpsc;
 
 /// A pushed file being read (and compressed) on a blocking thread into batches
 /// of complete `DATA` frames. A batch's buffer is reused once it is dropped.
 pub(crate) struct FrameReader {
-    batches: mpsc::Receiver<Bytes>,
+    batches: handoff::Receiver<Bytes>,
     consumed: Arc<AtomicU64>,
     reported: u64,
     worker: tokio::task::JoinHandle<Result<(), SendError>>,
@@ -24,11 +23,17 @@ pub(crate) struct FrameReader {
 
 impl FrameReader {
     pub(crate) fn start(file: File, compression: Compression) -> FrameReader {
-        let (sender, batches) = mpsc::channel(Framing::HOST.queue_depth);
+        let (mut sender, batches) = handoff::channel(Framing::HOST.queue_depth);
         let consumed = Arc::new(AtomicU64::new(0));
         let counter = consumed.clone();
         let worker = tokio::task::spawn_blocking(move || {
-            send_frames(&file, compression, &Framing::HOST, sender, &counter)
+            send_frames(
+                &file,
+                compression,
+                &Framing::HOST,
+                |batch| sender.blocking_send(batch).is_ok(),
+                &counter,
+            )
         });
         FrameReader {
             batches,

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use oxadb_wire::sync as wire;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
 
 use super::local::{commit_attributes, PulledAttributes};
 use super::session::{StatReply, SyncSession};
 use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
 use crate::error::{Error, Result};
-use oxadb_transfer::{Chunk, ChunkReader, DestError, Destination, Policy, ReceiveError, Step};
+use oxadb_transfer::{
+    handoff, Chunk, ChunkReader, DestError, Destination, Policy, ReceiveError, Step,
+};
 
 /// Pulled payload pieces queued for the writing thread.
 const PULL_QUEUE_DEPTH: usize = 64;
@@ -265,7 +266,7 @@ impl SyncSession {
 /// 0.74 -> 0.58 s/GiB and 1565 -> 1715 MB/s, medians of 5, docs/benchmarks.md).
 enum PullSink {
     Thread {
-        pieces: Option<mpsc::Sender<Chunk>>,
+        pieces: Option<handoff::Sender<Chunk>>,
         worker: tokio::task::JoinHandle<std::result::Result<(), Option<String>>>,
     },
     Inline {
@@ -299,7 +300,7 @@ impl PullSink {
                 written,
             };
         }
-        let (pieces, queue) = mpsc::channel(PULL_QUEUE_DEPTH);
+        let (pieces, queue) = handoff::channel(PULL_QUEUE_DEPTH);
         let local = local.to_path_buf();
         let remote = remote.to_string();
         let worker = tokio::task::spawn_blocking(move || {
@@ -354,7 +355,7 @@ impl PullSink {
     async fn done(&mut self) {
         match self {
             PullSink::Thread { pieces, .. } => {
-                if let Some(sender) = pieces.take() {
+                if let Some(mut sender) = pieces.take() {
                     let _ = sender.send(Chunk::Done { mtime: 0 }).await;
                 }
             }
@@ -419,7 +420,7 @@ fn commit_failure(local: &Path, error: &DestError) -> String {
 /// target. `Err(None)` means the async side stopped it and reports why.
 fn write_target(
     target: Destination,
-    queue: mpsc::Receiver<Chunk>,
+    queue: handoff::Receiver<Chunk>,
     compression: wire::Compression,
     attributes: Option<PulledAttributes>,
     written: &AtomicU64,

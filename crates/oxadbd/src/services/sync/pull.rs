@@ -8,10 +8,9 @@ use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
 use oxadb_io::{ReadChunk, WriteChunk};
-use oxadb_transfer::{send_frames, Framing, SendError, Source};
+use oxadb_transfer::{handoff, send_frames, Framing, SendError, Source};
 use oxadb_wire::sync::{self as wire, Compression, TransferFlags};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::{Conn, Flow, SyncError, TransferFailure};
@@ -128,7 +127,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
         path: PathBuf,
         compression: Compression,
     ) -> Result<Flow, SyncError> {
-        let (frames, mut queue) = mpsc::channel::<Bytes>(PULL_QUEUE_DEPTH);
+        let (frames, mut queue) = handoff::channel::<Bytes>(PULL_QUEUE_DEPTH);
         let worker_path = path.clone();
         let worker =
             tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
@@ -166,14 +165,15 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
 fn send_file(
     path: &Path,
     compression: Compression,
-    frames: mpsc::Sender<Bytes>,
+    mut frames: handoff::Sender<Bytes>,
 ) -> Result<(), TransferFailure> {
     let report = |what: &str, e: io::Error| {
         TransferFailure::Report(format!("{what} '{}': {e}", path.display()))
     };
     let source = Source::open(path).map_err(|e| report("couldn't open", e))?;
     let read = AtomicU64::new(0);
-    send_frames(source.file(), compression, &Framing::DAEMON, frames, &read).map_err(|e| match e {
+    let batches = |batch| frames.blocking_send(batch).is_ok();
+    send_frames(source.file(), compression, &Framing::DAEMON, batches, &read).map_err(|e| match e {
         SendError::Read(e) => report("couldn't read", e),
         SendError::Compress(e) => report("couldn't compress", e),
         SendError::Stopped => TransferFailure::HostGone,

@@ -11,12 +11,11 @@ use std::sync::atomic::AtomicU64;
 use bytes::Bytes;
 use oxadb_io::{ReadChunk, WriteChunk};
 use oxadb_transfer::{
-    create_beside, durability, set_times_at, sync_dirs, Attributes, Chunk, ChunkReader, DestError,
-    Destination, Policy, ReceiveError, Step,
+    create_beside, durability, handoff, set_times_at, sync_dirs, Attributes, Chunk, ChunkReader,
+    DestError, Destination, Policy, ReceiveError, Step,
 };
 use oxadb_wire::sync::{self as wire, Compression, TransferFlags, HEADER_LEN, SYNC_DATA_MAX};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::{up_to_nul, Conn, Flow, SyncError, TransferFailure};
@@ -104,7 +103,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
             self.drain_failed_push().await;
             return Ok(Flow::End);
         };
-        let (chunks, queue) = mpsc::channel(CHUNK_QUEUE_DEPTH);
+        let (mut chunks, queue) = handoff::channel(CHUNK_QUEUE_DEPTH);
         let worker = tokio::task::spawn_blocking(move || job.run(ChunkReader::new(queue)));
 
         let mut saw_done = false;
@@ -112,7 +111,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
         // the file thread before waiting for more (or at PIECES_PER_HANDOFF).
         let mut gathered: Vec<Bytes> = Vec::new();
         let stream_problem = loop {
-            if self.inbox.len() < HEADER_LEN && !hand_over(&chunks, &mut gathered).await {
+            if self.inbox.len() < HEADER_LEN && !hand_over(&mut chunks, &mut gathered).await {
                 // The file thread stopped early: it failed and says why below.
                 break None;
             }
@@ -132,7 +131,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
                     };
                     // What is gathered goes before waiting for the rest.
                     let file_thread_gone =
-                        self.inbox.len() < len && !hand_over(&chunks, &mut gathered).await;
+                        self.inbox.len() < len && !hand_over(&mut chunks, &mut gathered).await;
                     match self.fill(len).await {
                         Ok(true) => {}
                         Ok(false) => break Some(SyncError::Truncated("a push")),
@@ -152,14 +151,14 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
                         gathered.push(piece);
                     }
                     if gathered.len() >= PIECES_PER_HANDOFF
-                        && !hand_over(&chunks, &mut gathered).await
+                        && !hand_over(&mut chunks, &mut gathered).await
                     {
                         break None;
                     }
                 }
                 wire::ID_DONE => {
                     saw_done = true;
-                    if hand_over(&chunks, &mut gathered).await {
+                    if hand_over(&mut chunks, &mut gathered).await {
                         let _ = chunks.send(Chunk::Done { mtime: header.len }).await;
                     }
                     break None;
@@ -397,7 +396,7 @@ pub fn remove_unfinished_pushes() -> usize {
 
 /// Queues the payloads `gathered` so far for the file thread (nothing when
 /// there are none); false once the file thread stopped taking them.
-async fn hand_over(chunks: &mpsc::Sender<Chunk>, gathered: &mut Vec<Bytes>) -> bool {
+async fn hand_over(chunks: &mut handoff::Sender<Chunk>, gathered: &mut Vec<Bytes>) -> bool {
     if gathered.is_empty() {
         return true;
     }

@@ -31,7 +31,9 @@ mod durable;
 pub mod handoff;
 mod inbox;
 mod journal;
+mod protocol;
 mod send_file;
+pub mod serve;
 mod sink;
 mod source;
 mod state_dir;
@@ -44,6 +46,9 @@ pub use destination::{process_umask, set_times_at, Attributes, Destination, Mode
 pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
 pub use journal::{close_journal, open_journal, JournalError, Sweep};
+pub use protocol::{
+    stat_v2_of, Action, Failure, ListEntry, PushRequest, Service, ServiceError, StatKind, Transmit,
+};
 pub use send_file::SendFile;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{

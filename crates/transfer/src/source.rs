@@ -502,27 +502,8 @@ mod tests {
     use super::*;
     use crate::handoff;
     use crate::sink::{receive, Chunk, ChunkReader};
-    use crate::testdata::sample;
+    use crate::testdata::{read_ranges, sample};
     use oxadb_wire::sync::SyncHeader;
-
-    /// The bytes a writer sends for `payload`, its file ranges read.
-    fn read_ranges(payload: Payload) -> Bytes {
-        let mut out = BytesMut::with_capacity(payload.len());
-        for part in payload.parts() {
-            match part {
-                Part::Bytes(bytes) => out.extend_from_slice(bytes),
-                Part::File(range) => {
-                    let start = out.len();
-                    out.resize(start + range.len, 0);
-                    range
-                        .source
-                        .read_exact_at(&mut out[start..], range.offset)
-                        .unwrap();
-                }
-            }
-        }
-        out.freeze()
-    }
 
     /// Splits batches into frames and returns the payloads.
     fn payloads(batches: &[Bytes]) -> Vec<Vec<u8>> {

@@ -1,14 +1,12 @@
-//! The `sync:` service: adb's file sync protocol (`adb push`, `pull`, `ls`, `sync`).
-//!
-//! One stream carries a sequence of requests (`STAT`, `LST2`, `STA2`, `LIST`,
-//! `LIS2`, `SEND`, `SND2`, `RECV`, `RCV2`, `QUIT`), each an 8-byte header and a
-//! path of at most 1024 bytes. Frame layouts live in [`oxadb_wire::sync`]; this
-//! module answers the requests (`mod.rs`), `metadata.rs` the stats and listings,
-//! `push.rs` and `pull.rs` the transfers, whose file side (atomic destinations,
-//! `DATA` framing, (de)compression) is `oxadb-transfer`'s, shared with the host.
-//! File I/O and (de)compression run on a
-//! blocking thread fed by a bounded channel of 64 KiB chunks, so the network and
-//! the disk work in parallel and the async runtime never blocks on a file.
+//! The `sync:` service (`adb push`, `pull`, `ls`, `sync`): the adapter that
+//! drives `oxadb_transfer::Service`, the protocol's daemon machine, over one
+//! stream. The machine parses the requests and words the replies
+//! (docs/architecture.md, "transfer"); this adapter only moves bytes between
+//! it and the stream and performs its actions: `metadata.rs` stats and
+//! listings, `push.rs` and `pull.rs` the transfers, each on a blocking
+//! thread running `oxadb_transfer::serve`'s file work, fed by (or feeding) a
+//! bounded queue, so the network and the disk work in parallel and the
+//! async runtime never blocks on a file.
 //!
 //! # Pushes
 //!
@@ -26,10 +24,6 @@
 //! A symlink push (`S_IFLNK` in the mode) makes the link under a temporary name,
 //! sets its own timestamp and renames it into place.
 //!
-//! After a failed push or pull the service sends `FAIL` and ends, as adbd does;
-//! for a push it first reads the remaining `DATA` up to `DONE` so the client sees
-//! the reason instead of a broken pipe.
-//!
 //! # Permissions of pushed files
 //!
 //! A pushed regular file gets exactly `mode & 0o7777` from the request, applied
@@ -44,16 +38,11 @@ mod push;
 #[cfg(test)]
 mod tests;
 
-use std::ffi::OsStr;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use oxadb_io::{ReadChunk, WriteChunk};
-use oxadb_transfer::Inbox;
-use oxadb_wire::sync::{self as wire, Compression, SyncHeader, HEADER_LEN};
+use oxadb_transfer::{Action, Service, ServiceError, Transmit};
 use oxadb_wire::RangeCounters;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
@@ -76,6 +65,15 @@ pub enum SyncError {
     Protocol(String),
 }
 
+impl From<ServiceError> for SyncError {
+    fn from(error: ServiceError) -> SyncError {
+        match error {
+            ServiceError::Truncated(during) => SyncError::Truncated(during),
+            ServiceError::Protocol(message) => SyncError::Protocol(message),
+        }
+    }
+}
+
 /// Serves one `sync:` stream until the host sends `QUIT` or closes it.
 pub async fn serve<S>(stream: S) -> Result<(), SyncError>
 where
@@ -83,10 +81,13 @@ where
 {
     let mut conn = Conn {
         stream,
-        inbox: Inbox::new(),
+        service: Service::new(),
+        push: None,
         ranges: Arc::default(),
     };
-    let result = conn.serve_requests().await;
+    let result = conn.run().await;
+    // A push whose stream broke is discarded before the service ends.
+    conn.stop_push().await;
     // A FAIL written just before stopping must reach the host before the stream closes.
     let _ = conn.stream.flush().await;
     let (files, by_sendfile, copied, fallbacks) = conn.ranges.snapshot();
@@ -107,153 +108,75 @@ where
     result
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    /// A transfer failed and was reported; adbd closes the service then, and so do we.
-    End,
-}
-
 struct Conn<S> {
     stream: S,
-    /// Received and not yet parsed: the stream's chunks as they came, so
-    /// `DATA` payloads go to the file thread as slices of them, not copies.
-    inbox: Inbox,
+    service: Service,
+    /// The push being written, from its `Action::Push` to its end.
+    push: Option<push::Push>,
     /// What happened to the file ranges of this stream's pulls.
     ranges: Arc<RangeCounters>,
 }
 
 impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
-    async fn serve_requests(&mut self) -> Result<(), SyncError> {
+    async fn run(&mut self) -> Result<(), SyncError> {
         loop {
-            let Some(header) = self.next_request_header().await? else {
-                return Ok(());
-            };
-            let path_len = match header.request_path_len() {
-                Ok(len) => len,
-                Err(e) => return Err(self.protocol_violation(e.to_string()).await),
-            };
-            let raw_path = self.read_vec(path_len, "a request path").await?;
-            let path = path_from_request(&raw_path);
-            debug!(request = %wire::id_name(header.id), path = %path.display(), "sync request");
-
-            let flow = match header.id {
-                wire::ID_LSTAT_V1 => self.lstat_v1(&path).await?,
-                wire::ID_LSTAT_V2 | wire::ID_STAT_V2 => self.stat_v2(header.id, &path).await?,
-                wire::ID_LIST_V1 => self.list(path, false).await?,
-                wire::ID_LIST_V2 => self.list(path, true).await?,
-                wire::ID_SEND_V1 => self.send_v1(&raw_path).await?,
-                wire::ID_SEND_V2 => self.send_v2(path).await?,
-                wire::ID_RECV_V1 => self.recv(path, Compression::None).await?,
-                wire::ID_RECV_V2 => self.recv_v2(path).await?,
-                wire::ID_QUIT => return Ok(()),
-                other => {
-                    let message = format!("unknown command {other:08x} ({})", wire::id_name(other));
-                    return Err(self.protocol_violation(message).await);
-                }
-            };
-            self.stream.flush().await?;
-            if flow == Flow::End {
-                return Ok(());
+            while let Some(action) = self.service.poll_action() {
+                self.perform(action).await?;
+                self.write_transmits().await?;
             }
-        }
-    }
-
-    // ----- stream helpers -----
-
-    /// Reads until `len` bytes are buffered; `false` if the stream ended first.
-    async fn fill(&mut self, len: usize) -> io::Result<bool> {
-        while self.inbox.len() < len {
+            self.write_transmits().await?;
+            if let Some(end) = self.service.finished() {
+                return end.map_err(SyncError::from);
+            }
+            if !self.service.wants_input() {
+                // Every action's result is fed back before the next is taken.
+                return Err(SyncError::Protocol(
+                    "sync service waits for nothing".to_string(),
+                ));
+            }
             match self.stream.read_chunk(STREAM_READ_MAX).await? {
-                Some(chunk) => self.inbox.push(chunk),
-                None => return Ok(false),
+                Some(chunk) => self.service.handle_input(chunk),
+                None => self.service.handle_eof(),
             }
         }
-        Ok(true)
     }
 
-    /// Reads the next request header, or `None` if the host closed the stream cleanly.
-    async fn next_request_header(&mut self) -> Result<Option<SyncHeader>, SyncError> {
-        if !self.fill(1).await? {
-            return Ok(None);
+    async fn perform(&mut self, action: Action) -> Result<(), SyncError> {
+        match action {
+            Action::Stat { kind, path } => self.stat(kind, path).await,
+            Action::List { path } => self.list(path).await,
+            Action::Push(request) => self.start_push(request),
+            Action::PushData(pieces) => self.push_data(pieces).await,
+            Action::PushDone { mtime } => self.end_push(Some(mtime)).await?,
+            Action::PushStop => self.end_push(None).await?,
+            Action::Pull { path, compression } => self.pull(path, compression).await?,
         }
-        self.read_header("a request header").await.map(Some)
-    }
-
-    async fn read_header(&mut self, during: &'static str) -> Result<SyncHeader, SyncError> {
-        let mut bytes = [0u8; HEADER_LEN];
-        self.read_exact(&mut bytes, during).await?;
-        Ok(SyncHeader::parse(&bytes).expect("a full header"))
-    }
-
-    async fn read_exact(&mut self, buf: &mut [u8], during: &'static str) -> Result<(), SyncError> {
-        let bytes = self.read_bytes(buf.len(), during).await?;
-        buf.copy_from_slice(&bytes);
         Ok(())
     }
 
-    async fn read_bytes(&mut self, len: usize, during: &'static str) -> Result<Bytes, SyncError> {
-        if !self.fill(len).await? {
-            return Err(SyncError::Truncated(during));
+    /// Writes what the machine has to send: replies and status frames as
+    /// bytes, a pull's batches as they are (one WRTE each).
+    async fn write_transmits(&mut self) -> io::Result<()> {
+        let mut wrote = false;
+        while let Some(transmit) = self.service.poll_transmit() {
+            match transmit {
+                Transmit::Bytes(bytes) => self.stream.write_all(&bytes).await?,
+                Transmit::Batch(batch) => self.stream.write_payload(batch, false).await?,
+            }
+            wrote = true;
         }
-        Ok(self.inbox.take_bytes(len))
-    }
-
-    async fn read_vec(&mut self, len: usize, during: &'static str) -> Result<Vec<u8>, SyncError> {
-        Ok(self.read_bytes(len, during).await?.to_vec())
-    }
-
-    async fn send(&mut self, bytes: &[u8]) -> Result<(), SyncError> {
-        self.stream.write_all(bytes).await?;
+        if wrote {
+            self.stream.flush().await?;
+        }
         Ok(())
     }
-
-    /// Sends `FAIL` with `message` (which names the path and the cause) and flushes it.
-    async fn fail(&mut self, message: &str) -> Result<(), SyncError> {
-        warn!("sync: FAIL: {message}");
-        self.send_fail(message).await
-    }
-
-    /// As [`Conn::fail`] for a refusal a host may expect (a RECV sent ahead
-    /// of its STAT reply, for a directory: `pull.rs`), logged at debug.
-    async fn refuse(&mut self, message: &str) -> Result<(), SyncError> {
-        debug!("sync: FAIL (expected): {message}");
-        self.send_fail(message).await
-    }
-
-    async fn send_fail(&mut self, message: &str) -> Result<(), SyncError> {
-        self.send(&wire::encode_fail(message)).await?;
-        self.stream.flush().await?;
-        Ok(())
-    }
-
-    /// Reports a host protocol error with `FAIL`; the caller ends the service with the result,
-    /// since the framing can no longer be trusted.
-    async fn protocol_violation(&mut self, message: String) -> SyncError {
-        if let Err(e) = self.fail(&message).await {
-            return e;
-        }
-        SyncError::Protocol(message)
-    }
 }
 
-/// The request path as the C string adbd would see: cut at the first NUL.
-fn path_from_request(raw: &[u8]) -> PathBuf {
-    PathBuf::from(OsStr::from_bytes(up_to_nul(raw)))
-}
-
-fn up_to_nul(bytes: &[u8]) -> &[u8] {
-    match bytes.iter().position(|&b| b == 0) {
-        Some(nul) => &bytes[..nul],
-        None => bytes,
-    }
-}
-
-/// How a transfer on the file thread ended badly.
-#[derive(Debug)]
-enum TransferFailure {
-    /// Send this message (naming the path and the cause) to the host as `FAIL`.
-    Report(String),
-    /// The host went away (or the async side stopped); there is nobody to tell.
-    HostGone,
+/// Runs `work` on a blocking thread; a panic there is an I/O error.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)))
 }

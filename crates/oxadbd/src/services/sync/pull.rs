@@ -1,181 +1,123 @@
-//! `RECV` and `RCV2`: a file thread reads the file into ready-made `DATA`
-//! frames through `oxadb-transfer` (`Framing::DAEMON`), which the stream sends
-//! as they are, then `DONE` or `FAIL`.
+//! `RECV` and `RCV2`: the file read into ready-made `DATA` frames on a file
+//! thread (`oxadb_transfer::serve::send_file`, `Framing::DAEMON`), or framed
+//! as file ranges for `sendfile`; the machine passes them through and ends
+//! the pull with `DONE` or `FAIL`.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
 use oxadb_io::{ReadChunk, WriteChunk};
-use oxadb_transfer::{handoff, send_frames, Framing, SendError, Source};
-use oxadb_wire::sync::{self as wire, Compression, TransferFlags};
+use oxadb_transfer::{handoff, serve, Failure, Framing, Source};
+use oxadb_wire::sync::Compression;
+use oxadb_wire::Payload;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tracing::debug;
 
-use super::{Conn, Flow, SyncError, TransferFailure};
+use super::{Conn, SyncError};
 
 /// Pull buffers queued between the file thread and the stream (about 4 MiB;
 /// `Framing::DAEMON` sizes them).
 const PULL_QUEUE_DEPTH: usize = Framing::DAEMON.queue_depth;
 
-/// What `path` (symlinks followed) is when a `RECV` of it must fail before
-/// it is opened: opening a FIFO blocks until something writes to it, and a
-/// directory or socket has no bytes to stream. adb skips these after its
-/// `STAT`; oxadb may ask before its `STAT` reply is back (the
-/// `oxadb_recv_ahead` feature). A path that does not resolve is left to the
-/// open, whose error names the cause.
-async fn unstreamable(path: &Path) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt;
-    let kind = tokio::fs::metadata(path).await.ok()?.file_type();
-    if kind.is_dir() {
-        Some("a directory")
-    } else if kind.is_fifo() {
-        Some("a FIFO")
-    } else if kind.is_socket() {
-        Some("a socket")
-    } else {
-        None
-    }
-}
-
 impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> {
-    // ----- RECV, RCV2 -----
-
-    /// `RCV2`: an `(id, flags)` setup frame follows the request.
-    pub(super) async fn recv_v2(&mut self, path: PathBuf) -> Result<Flow, SyncError> {
-        let mut bytes = [0u8; wire::RECV_V2_SETUP_LEN];
-        self.read_exact(&mut bytes, "an RCV2 setup frame").await?;
-        let setup = wire::RecvV2Setup::parse(&bytes).expect("a full setup frame");
-        debug!(flags = format_args!("{:#x}", setup.flags), "RCV2 setup");
-        if setup.id != wire::ID_RECV_V2 {
-            debug!("sync: RCV2 setup frame has id {}", wire::id_name(setup.id));
-        }
-        match TransferFlags::from_recv_flags(setup.flags) {
-            Ok(flags) => self.recv(path, flags.compression).await,
-            Err(e) => {
-                self.fail(&format!("couldn't pull '{}': {e}", path.display()))
-                    .await?;
-                Ok(Flow::End)
-            }
-        }
-    }
-
-    /// Streams the file as `DATA` frames (each header and payload in one buffer), then `DONE`.
-    pub(super) async fn recv(
+    /// `Action::Pull`.
+    pub(super) async fn pull(
         &mut self,
         path: PathBuf,
         compression: Compression,
-    ) -> Result<Flow, SyncError> {
-        if let Some(kind) = unstreamable(&path).await {
-            self.refuse(&format!(
-                "couldn't read '{}': not a regular file or device ({kind})",
-                path.display()
-            ))
-            .await?;
-            return Ok(Flow::End);
+    ) -> Result<(), SyncError> {
+        let refusal = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || serve::pull_refusal(&path))
+                .await
+                .unwrap_or(None)
+        };
+        if let Some(message) = refusal {
+            self.service.pull_refused(&message);
+            return Ok(());
         }
         if compression == Compression::None
             && oxadb_transfer::zero_copy_enabled()
             && self.stream.takes_file_ranges()
         {
             let opened = {
-                let path = path.clone();
+                let worker_path = path.clone();
                 tokio::task::spawn_blocking(move || {
-                    let source = Source::open(&path)?;
+                    let source = serve::open_pull(&worker_path)?;
                     let possible = source.ranges_possible();
-                    Ok::<_, io::Error>((source, possible))
+                    Ok::<_, Failure>((source, possible))
                 })
                 .await
-                .map_err(io::Error::other)
+                .unwrap_or_else(|e| {
+                    Err(Failure::Report(format!(
+                        "couldn't open '{}': {}",
+                        path.display(),
+                        io::Error::other(e)
+                    )))
+                })
             };
             match opened {
-                Ok(Ok((source, true))) => return self.recv_ranges(&path, source).await,
-                Ok(Ok((_, false))) => {}
-                Ok(Err(e)) | Err(e) => {
-                    self.fail(&format!("couldn't open '{}': {e}", path.display()))
-                        .await?;
-                    return Ok(Flow::End);
+                Ok((source, true)) => return self.pull_ranges(&path, source).await,
+                Ok((_, false)) => {}
+                Err(failure) => {
+                    self.service.pull_finished(Err(failure));
+                    return Ok(());
                 }
             }
         }
-        self.recv_copying(path, compression).await
+        self.pull_copying(path, compression).await
     }
 
     /// A plain pull of a regular file: `DATA` frames whose payloads are file
     /// ranges, sent by `sendfile` (docs/architecture.md, "Zero-copy
     /// transfers"); the WRTEs and frames are those of the copying path.
-    async fn recv_ranges(&mut self, path: &Path, source: Source) -> Result<Flow, SyncError> {
+    async fn pull_ranges(&mut self, path: &Path, source: Source) -> Result<(), SyncError> {
         for payload in source.into_ranges(&Framing::DAEMON, self.ranges.clone()) {
             match payload {
-                Ok(payload) => self.stream.write_payload(payload, false).await?,
+                Ok(payload) => {
+                    self.service.pull_data(payload);
+                    self.write_transmits().await?;
+                }
                 Err(e) => {
-                    self.fail(&format!("couldn't read '{}': {e}", path.display()))
-                        .await?;
-                    return Ok(Flow::End);
+                    self.service
+                        .pull_finished(Err(serve::read_failure(path, e)));
+                    return Ok(());
                 }
             }
         }
-        self.send(&wire::encode_done(0)).await?;
-        Ok(Flow::Continue)
+        self.service.pull_finished(Ok(()));
+        Ok(())
     }
 
     /// Reads the file into buffers on a blocking thread (compressed pulls,
     /// USB, non-regular files, zero-copy off (the default)).
-    async fn recv_copying(
+    async fn pull_copying(
         &mut self,
         path: PathBuf,
         compression: Compression,
-    ) -> Result<Flow, SyncError> {
-        let (frames, mut queue) = handoff::channel::<Bytes>(PULL_QUEUE_DEPTH);
+    ) -> Result<(), SyncError> {
+        let (mut frames, mut queue) = handoff::channel::<Bytes>(PULL_QUEUE_DEPTH);
         let worker_path = path.clone();
-        let worker =
-            tokio::task::spawn_blocking(move || send_file(&worker_path, compression, frames));
-
-        while let Some(frame) = queue.recv().await {
-            if let Err(e) = self.stream.write_chunk(frame).await {
+        let worker = tokio::task::spawn_blocking(move || {
+            serve::send_file(&worker_path, compression, |batch| {
+                frames.blocking_send(batch).is_ok()
+            })
+        });
+        while let Some(batch) = queue.recv().await {
+            self.service.pull_data(Payload::from(batch));
+            if let Err(e) = self.write_transmits().await {
                 drop(queue);
                 let _ = worker.await;
                 return Err(e.into());
             }
         }
         let outcome = worker.await.unwrap_or_else(|e| {
-            Err(TransferFailure::Report(format!(
+            Err(Failure::Report(format!(
                 "couldn't pull '{}': {e}",
                 path.display()
             )))
         });
-        match outcome {
-            Ok(()) => {
-                self.send(&wire::encode_done(0)).await?;
-                Ok(Flow::Continue)
-            }
-            Err(TransferFailure::Report(message)) => {
-                // adbd ends the service after a failed pull; the client stops too.
-                self.fail(&message).await?;
-                Ok(Flow::End)
-            }
-            // Only happens when we stopped reading the queue, which returned above.
-            Err(TransferFailure::HostGone) => Err(SyncError::Truncated("a pull")),
-        }
+        self.service.pull_finished(outcome);
+        Ok(())
     }
-}
-
-/// Reads the file (on a blocking thread) and queues ready-made `DATA` frames.
-fn send_file(
-    path: &Path,
-    compression: Compression,
-    mut frames: handoff::Sender<Bytes>,
-) -> Result<(), TransferFailure> {
-    let report = |what: &str, e: io::Error| {
-        TransferFailure::Report(format!("{what} '{}': {e}", path.display()))
-    };
-    let source = Source::open(path).map_err(|e| report("couldn't open", e))?;
-    let read = AtomicU64::new(0);
-    let batches = |batch| frames.blocking_send(batch).is_ok();
-    send_frames(source.file(), compression, &Framing::DAEMON, batches, &read).map_err(|e| match e {
-        SendError::Read(e) => report("couldn't read", e),
-        SendError::Compress(e) => report("couldn't compress", e),
-        SendError::Stopped => TransferFailure::HostGone,
-    })
 }

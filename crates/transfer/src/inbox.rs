@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use oxadb_wire::sync::{SyncHeader, HEADER_LEN};
 
 /// Chunks received and not yet parsed, oldest first.
@@ -104,22 +104,6 @@ impl Inbox {
         out
     }
 
-    /// `len` buffered bytes (which must be there) in one piece: a slice of
-    /// the front chunk when it holds them all, else copied together.
-    pub fn take_bytes(&mut self, len: usize) -> Bytes {
-        match self.chunks.front() {
-            Some(front) if front.len() >= len => self.take_piece(len),
-            _ => {
-                let mut out = BytesMut::with_capacity(len);
-                while out.len() < len {
-                    let piece = self.take_piece(len - out.len());
-                    out.extend_from_slice(&piece);
-                }
-                out.freeze()
-            }
-        }
-    }
-
     /// Up to `max` buffered bytes (at least one must be there), without
     /// copying: what is left of the front chunk, or its first `max` bytes.
     pub fn take_piece(&mut self, max: usize) -> Bytes {
@@ -163,19 +147,22 @@ mod tests {
     }
 
     #[test]
-    fn take_bytes_slices_the_front_chunk_and_joins_across_chunks() {
+    fn pieces_are_slices_of_the_chunks_and_peeks_copy_across_them() {
         let first = Bytes::from_static(b"abcdef");
         let mut inbox = Inbox::new();
         inbox.push(first.clone());
         inbox.push(Bytes::new());
         inbox.push(Bytes::from_static(b"ghij"));
-        let head = inbox.take_bytes(4);
+        assert_eq!(inbox.peek(8), b"abcdefgh");
+        assert_eq!(inbox.len(), 10);
+        let head = inbox.take_piece(4);
         assert_eq!(&head[..], b"abcd");
         // Within the front chunk: the same memory, not a copy.
         assert_eq!(head.as_ptr(), first.as_ptr());
-        let joined = inbox.take_bytes(4);
-        assert_eq!(&joined[..], b"efgh");
-        assert_eq!(inbox.take_piece(100), Bytes::from_static(b"ij"));
+        // A piece never spans two chunks.
+        assert_eq!(inbox.take_piece(4), Bytes::from_static(b"ef"));
+        assert_eq!(inbox.take_piece(100), Bytes::from_static(b"ghij"));
         assert_eq!(inbox.len(), 0);
+        assert!(inbox.take_header().is_none());
     }
 }

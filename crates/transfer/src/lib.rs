@@ -47,7 +47,9 @@ pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
 pub use journal::{close_journal, open_journal, JournalError, Sweep};
 pub use protocol::{
-    stat_v2_of, Action, Failure, ListEntry, PushRequest, Service, ServiceError, StatKind, Transmit,
+    stat_v2_of, Action, Client, ClientError, ClientEvent, Failure, ListEntry, PullTicket,
+    PushRequest, RequestError, Service, ServiceError, StatFailure, StatKind, StatReply, Transmit,
+    MAX_UNACKED,
 };
 pub use send_file::SendFile;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};

@@ -49,8 +49,8 @@
 //!   sources.
 
 mod codec;
-mod framing;
 mod local;
+mod metadata;
 mod pull;
 mod push;
 mod receive;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::local::{self, PulledAttributes};
+use super::metadata::Describe;
 use super::push::{warn_if_unsupported, Tally};
 use super::session::SyncSession;
 use super::{
@@ -130,7 +131,7 @@ pub async fn pull(
         let stat = match stat {
             Ok(Ok(stat)) => stat,
             Ok(Err(failure)) => {
-                tally.fail(if failure == super::session::StatFailure::Unknown {
+                tally.fail(if failure == oxadb_transfer::StatFailure::Unknown {
                     format!("remote object '{source}' does not exist")
                 } else {
                     format!(

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::local::{self, EntryKind, LocalEntry};
+use super::metadata::Describe;
 use super::send::{Content, LocalFile, SendMode, Upload};
 use super::session::SyncSession;
 use super::{

@@ -1,28 +1,67 @@
-//! Pulls: `RECV`/`RCV2`, the `DATA` payloads handed to a writer (a blocking
-//! thread, or the receiving task itself) that writes them through
-//! `oxadb-transfer` under `Policy::HOST`.
+//! Pulls on a [`SyncSession`]: `RECV`/`RCV2` from the machine, the `DATA`
+//! payloads it reads handed to a writer (a blocking thread, or the receiving
+//! task itself) that writes them through `oxadb-transfer` under
+//! `Policy::HOST`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
+use oxadb_transfer::{
+    handoff, Chunk, ChunkReader, ClientEvent, DestError, Destination, Policy, ReceiveError, Step,
+};
 use oxadb_wire::sync as wire;
-use tokio::io::AsyncWriteExt;
 
 use super::local::{commit_attributes, PulledAttributes};
-use super::session::{StatReply, SyncSession};
-use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
+use super::metadata::StatReply;
+use super::session::SyncSession;
+use super::{describe_io, show, transfer_error, Progress, PullOptions, TransferSummary};
 use crate::error::{Error, Result};
-use oxadb_transfer::{
-    handoff, Chunk, ChunkReader, DestError, Destination, Policy, ReceiveError, Step,
-};
 
 /// Pulled payload pieces queued for the writing thread.
 const PULL_QUEUE_DEPTH: usize = 64;
 
 impl SyncSession {
-    // ----- pull -----
+    /// Pulls `remote` into exactly the path `local`, through a temporary file
+    /// renamed into place at the end (an existing non-regular `local`, such as
+    /// a device node, is written in place). With `options.preserve` the file
+    /// gets the remote mtime and mode.
+    pub async fn pull_file(
+        &mut self,
+        remote: impl AsRef<[u8]>,
+        local: &Path,
+        options: &PullOptions,
+        progress: &mut dyn Progress,
+    ) -> Result<TransferSummary> {
+        let started = Instant::now();
+        let remote = remote.as_ref();
+        let (attributes, size) = if options.preserve {
+            let stat = self.stat(remote).await?;
+            (
+                Some(PulledAttributes {
+                    mode: stat.mode,
+                    mtime: stat.mtime,
+                }),
+                Some(stat.size),
+            )
+        } else {
+            (None, None)
+        };
+        let compression = self.features.resolve(options.compression);
+        let bytes = self
+            .receive(remote, local, size, compression, attributes, progress)
+            .await?;
+        Ok(TransferSummary {
+            files_transferred: 1,
+            files_skipped: 0,
+            bytes,
+            elapsed: started.elapsed(),
+            stream: self.stream_stats(),
+            zero_copy: Some(self.zero_copy_stats()),
+        })
+    }
 
     /// Pulls `remote` into `local`; returns the file bytes written.
     pub(crate) async fn receive(
@@ -51,6 +90,12 @@ impl SyncSession {
         })
     }
 
+    /// `RCV2` with `compression` when the device has `sendrecv_v2`, else
+    /// `RECV` (whose data is never compressed).
+    fn recv_mode(&self, compression: wire::Compression) -> Option<wire::Compression> {
+        self.features.sendrecv_v2.then_some(compression)
+    }
+
     /// `remote`'s metadata, symlinks followed, with the `RECV` of it in the
     /// same write when the device refuses at once a `RECV` of anything it
     /// cannot stream (oxadbd's `oxadb_recv_ahead`): a file's data then
@@ -66,12 +111,12 @@ impl SyncSession {
             return self.stat_follow(remote).await;
         }
         self.settle().await?;
-        let mut requests = self.request(wire::ID_STAT_V2, remote)?;
-        let (recv, _) = self.recv_request(|id| self.request(id, remote), compression)?;
-        requests.extend_from_slice(&recv);
-        self.write(&requests).await?;
-        self.recv_ahead = Some(remote.to_vec());
-        self.read_stat_reply(wire::ID_STAT_V2, remote).await
+        let recv = self.recv_mode(compression);
+        self.client
+            .stat_with_recv_ahead(remote, recv)
+            .map_err(|e| self.request_error(e))?;
+        self.flush().await?;
+        self.read_stat_reply().await
     }
 
     /// Gives up a `RECV` sent ahead for a path that is not pulled after all
@@ -79,31 +124,10 @@ impl SyncSession {
     /// sync service with the `FAIL` it answers, so this session ends too
     /// and the next request opens another.
     pub(crate) fn drop_recv_ahead(&mut self) {
-        if self.recv_ahead.take().is_some() {
-            self.end("a RECV sent ahead of its STAT reply was not needed");
-        }
+        self.client.drop_recv_ahead();
     }
 
-    /// `RCV2` and its setup frame when the device has it, else `RECV`, with
-    /// the compression that then applies; `path_request` frames the path.
-    fn recv_request(
-        &self,
-        path_request: impl FnOnce(u32) -> Result<Vec<u8>>,
-        compression: wire::Compression,
-    ) -> Result<(Vec<u8>, wire::Compression)> {
-        if !self.features.sendrecv_v2 {
-            return Ok((path_request(wire::ID_RECV_V1)?, wire::Compression::None));
-        }
-        let mut request = path_request(wire::ID_RECV_V2)?;
-        let setup = wire::RecvV2Setup {
-            id: wire::ID_RECV_V2,
-            flags: compression.flag(),
-        };
-        request.extend_from_slice(&setup.encode());
-        Ok((request, compression))
-    }
-
-    pub(super) async fn receive_inner(
+    async fn receive_inner(
         &mut self,
         remote: &[u8],
         local: &Path,
@@ -112,24 +136,12 @@ impl SyncSession {
         attributes: Option<PulledAttributes>,
         progress: &mut dyn Progress,
     ) -> Result<u64> {
-        let (request, compression) = self.recv_request(
-            |id| self.path_request(id, remote, local, remote),
-            compression,
-        )?;
-        let sent_ahead = match self.recv_ahead.take() {
-            None => false,
-            Some(ahead) if ahead == remote => true,
-            Some(ahead) => {
-                // Its reply would be read as this pull's.
-                self.end("a RECV sent ahead was followed by another pull");
-                return Err(Error::Protocol(format!(
-                    "{}: pulling '{}' while the RECV of '{}' was on its way",
-                    self.serial,
-                    show(remote),
-                    show(&ahead)
-                )));
-            }
-        };
+        let recv = self.recv_mode(compression);
+        let compression = recv.unwrap_or(wire::Compression::None);
+        let ticket = self
+            .client
+            .start_pull(remote, recv)
+            .map_err(|e| self.transfer_request_error(e, local, remote))?;
 
         let target_path = local.to_path_buf();
         let target = tokio::task::spawn_blocking(move || {
@@ -141,35 +153,33 @@ impl SyncSession {
             Ok::<_, DestError>(target)
         })
         .await
-        .map_err(|e| Error::io("pull", std::io::Error::other(e)))?
-        .map_err(|e| {
-            let what = if e.step == Step::Write {
-                "cannot write"
-            } else {
-                "cannot create"
-            };
-            transfer_error(format!(
-                "{what} '{}': {}",
-                local.display(),
-                describe_io(&e.error)
-            ))
+        .map_err(|e| Error::io("pull", std::io::Error::other(e)))
+        .and_then(|opened| {
+            opened.map_err(|e| {
+                let what = if e.step == Step::Write {
+                    "cannot write"
+                } else {
+                    "cannot create"
+                };
+                transfer_error(format!(
+                    "{what} '{}': {}",
+                    local.display(),
+                    describe_io(&e.error)
+                ))
+            })
         });
         let target = match target {
             Ok(target) => target,
             Err(error) => {
-                if sent_ahead {
-                    // The file's data is on its way with nowhere to go.
-                    self.end("a pull's destination failed while its data was on the way");
-                }
+                self.client.abandon_pull(ticket);
                 return Err(error);
             }
         };
-        if !sent_ahead {
-            if let Err(error) = self.stream.write_all(&request).await {
-                // Dropping the destination discards its temporary file.
-                drop(target);
-                return Err(self.stream_error(&error));
-            }
+        self.client.send_pull(ticket);
+        if let Err(error) = self.write_queued().await {
+            // Dropping the destination discards its temporary file.
+            drop(target);
+            return Err(self.stream_error(&error));
         }
 
         let written = Arc::new(AtomicU64::new(0));
@@ -183,61 +193,31 @@ impl SyncSession {
         );
         let mut reported = 0;
         let outcome = loop {
-            let header = match self.read_header().await {
-                Ok(header) => header,
+            let event = match self.next_event().await {
+                Ok(event) => event,
                 Err(error) => break Err(error),
             };
-            match header.id {
-                wire::ID_DATA => {
-                    let len = match header.data_len() {
-                        Ok(len) => len,
-                        Err(e) => break Err(self.protocol_error(e.to_string())),
-                    };
-                    let mut left = len;
-                    let mut failed = None;
-                    while left > 0 {
-                        if self.inbox.is_empty() {
-                            if let Err(error) = self.fill().await {
-                                failed = Some(error);
-                                break;
-                            }
-                        }
-                        let piece = self.take_piece(left);
-                        left -= piece.len();
-                        // A failed write is reported after DONE: reading on
-                        // keeps the session usable for the next request.
-                        sink.data(piece).await;
-                    }
-                    if let Some(error) = failed {
-                        break Err(error);
-                    }
+            match event {
+                ClientEvent::Data(piece) => {
+                    // A failed write is reported after DONE: reading on
+                    // keeps the session usable for the next request.
+                    sink.data(piece).await;
                     let now = written.load(Ordering::Relaxed);
                     progress.advance(now - reported);
                     reported = now;
                 }
-                wire::ID_DONE => {
+                ClientEvent::Done => {
                     sink.done().await;
                     break Ok(());
                 }
-                wire::ID_FAIL => {
-                    let len = (header.len as usize).min(SYNC_DATA_MAX);
-                    let message = match self.read_vec(len).await {
-                        Ok(message) => String::from_utf8_lossy(&message).into_owned(),
-                        Err(error) => break Err(error),
-                    };
-                    self.end("the device reported a failed pull");
+                ClientEvent::PullFailed(message) => {
                     break Err(transfer_error(format!(
                         "failed to copy '{}' to '{}': remote {message}",
                         show(remote),
                         local.display()
                     )));
                 }
-                other => {
-                    break Err(self.protocol_error(format!(
-                        "expected DATA, DONE or FAIL, got {}",
-                        wire::id_name(other)
-                    )))
-                }
+                other => break Err(self.unexpected(&other)),
             }
         };
         let written_result = sink.finish(local).await;

@@ -1,22 +1,23 @@
-//! Pushes, pipelined as adb's `file_sync_client.cpp` does: the next file is
-//! sent before the device acknowledged the previous one, and the `OKAY`s (or
-//! a `FAIL`) are collected on the way.
+//! Pushes on a [`SyncSession`], pipelined as adb's `file_sync_client.cpp`
+//! does: the next file is sent before the device acknowledged the previous
+//! one, and the `OKAY`s (or a `FAIL`) are collected on the way. The machine
+//! frames the requests; the file data comes as ready-made batches of `DATA`
+//! frames from a reading thread (`codec.rs`) or as file ranges.
 
 use std::path::Path;
+use std::time::Instant;
 
-use oxadb_wire::sync::{self as wire, HEADER_LEN};
-use tokio::io::AsyncWriteExt;
+use oxadb_io::WriteChunk;
+use oxadb_transfer::{Framing, SendError, Source};
+use oxadb_wire::sync::{self as wire, TransferFlags, HEADER_LEN};
+use oxadb_wire::Payload;
 
 use super::codec::FrameReader;
 use super::session::SyncSession;
-use super::{describe_io, show, transfer_error, Progress, SYNC_DATA_MAX};
+use super::{
+    describe_io, show, transfer_error, Progress, PushOptions, TransferSummary, SYNC_DATA_MAX,
+};
 use crate::error::{Error, Result};
-use oxadb_io::WriteChunk;
-use oxadb_transfer::{Framing, SendError, Source};
-use oxadb_wire::Payload;
-
-/// Pushes in flight before waiting for acknowledgements (adb's limit).
-pub(super) const MAX_UNACKED: usize = 128;
 
 /// How a push sends its data.
 #[derive(Debug, Clone, Copy)]
@@ -65,14 +66,55 @@ impl LocalFile {
     }
 }
 
-/// A push sent but not yet acknowledged, named for error messages.
-pub(super) struct Unacked {
-    local: String,
-    remote: String,
-}
-
 impl SyncSession {
-    // ----- push -----
+    /// Pushes the regular file `local` (symlinks followed) to exactly `remote`
+    /// and waits for the device to confirm it. With `options.sync` an
+    /// unchanged file (same size and mtime on the device) is skipped.
+    pub async fn push_file(
+        &mut self,
+        local: &Path,
+        remote: impl AsRef<[u8]>,
+        options: &PushOptions,
+        progress: &mut dyn Progress,
+    ) -> Result<TransferSummary> {
+        let started = Instant::now();
+        let remote = remote.as_ref();
+        if options.dry_run && !self.features.dry_run_send {
+            return Err(transfer_error(
+                "dry-run not supported by the device".to_string(),
+            ));
+        }
+        let metadata = tokio::fs::metadata(local).await.map_err(|e| {
+            transfer_error(format!(
+                "cannot stat '{}': {}",
+                local.display(),
+                describe_io(&e)
+            ))
+        })?;
+        if !metadata.is_file() {
+            return Err(transfer_error(format!(
+                "cannot push '{}': not a regular file",
+                local.display()
+            )));
+        }
+        let mut summary = TransferSummary::default();
+        if options.sync && self.unchanged(remote, &metadata).await? {
+            summary.files_skipped = 1;
+        } else {
+            let mode = SendMode {
+                compression: self.features.resolve(options.compression),
+                dry_run: options.dry_run,
+            };
+            let bytes = self
+                .send_regular(local, remote, LocalFile::of(&metadata), mode, progress)
+                .await?;
+            self.collect_acks(true).await?;
+            summary.files_transferred = 1;
+            summary.bytes = bytes;
+        }
+        summary.elapsed = started.elapsed();
+        Ok(summary)
+    }
 
     /// Sends the regular file `local` without waiting for the acknowledgement.
     pub(crate) async fn send_regular(
@@ -136,7 +178,7 @@ impl SyncSession {
         })
     }
 
-    pub(super) async fn send_inner(
+    async fn send_inner(
         &mut self,
         upload: Upload<'_>,
         mode: SendMode,
@@ -157,21 +199,18 @@ impl SyncSession {
                     compression: wire::Compression::None,
                     ..mode
                 };
-                let mut message = self.send_request(local, remote, file_mode, mode)?;
-                message.reserve(2 * HEADER_LEN + data.len());
-                message.extend_from_slice(&wire::encode_data_header(data.len()));
-                message.extend_from_slice(&data);
-                message.extend_from_slice(&wire::encode_done(mtime));
-                self.expect_ack(local, remote);
-                self.write_push(&message).await?;
+                self.push_request(local, remote, file_mode, mode)?;
+                // Request, data and DONE in one write, as adb sends them.
+                self.client.push_data(&data);
+                self.client.push_done(mtime);
+                self.write_push().await?;
                 progress.advance(data.len() as u64);
                 self.collect_acks(false).await?;
                 Ok(data.len() as u64)
             }
             Content::File(file) => {
-                let request = self.send_request(local, remote, file_mode, mode)?;
-                self.expect_ack(local, remote);
-                self.write_push(&request).await?;
+                self.push_request(local, remote, file_mode, mode)?;
+                self.write_push().await?;
                 if mode.compression == wire::Compression::None
                     && oxadb_transfer::zero_copy_enabled()
                     && self.stream.takes_file_ranges()
@@ -196,6 +235,33 @@ impl SyncSession {
         }
     }
 
+    /// Queues a push's request: `SND2` and its setup frame when the device
+    /// has `sendrecv_v2`, else `SEND` (adb 29's only form, which has no dry run).
+    fn push_request(
+        &mut self,
+        local: &Path,
+        remote: &[u8],
+        file_mode: u32,
+        mode: SendMode,
+    ) -> Result<()> {
+        let flags = if self.features.sendrecv_v2 {
+            Some(TransferFlags {
+                compression: mode.compression,
+                dry_run: mode.dry_run,
+            })
+        } else if mode.dry_run {
+            return Err(transfer_error(
+                "dry-run not supported by the device".to_string(),
+            ));
+        } else {
+            None
+        };
+        let label = local.display().to_string();
+        self.client
+            .push(remote, file_mode, flags, &label)
+            .map_err(|e| self.transfer_request_error(e, local, remote))
+    }
+
     /// A plain push of a regular file: `DATA` frames whose payloads are file
     /// ranges, appended to the stream like the copying path's writes so that
     /// the WRTEs are the same; the writer sends them by `sendfile`
@@ -212,7 +278,7 @@ impl SyncSession {
             let payload = match payload {
                 Ok(payload) => payload,
                 Err(e) => {
-                    self.end("a push was abandoned halfway");
+                    self.client.end("a push was abandoned halfway");
                     return Err(transfer_error(format!(
                         "reading '{}' locally failed: {}",
                         local.display(),
@@ -223,16 +289,15 @@ impl SyncSession {
             // Frame headers are 8 of every 65544 bytes; the rest is file data.
             let frames = payload.len().div_ceil(HEADER_LEN + SYNC_DATA_MAX);
             let data = (payload.len() - frames * HEADER_LEN) as u64;
-            if let Err(error) = self.stream.write_payload(payload, true).await {
-                self.collect_acks(true).await?;
-                return Err(self.stream_error(&error));
-            }
+            self.client.push_batch(payload);
+            self.write_push().await?;
             sent += data;
             progress.advance(data);
             // A FAIL for this push (say, no space) stops it early.
             self.collect_acks(false).await?;
         }
-        self.write_push(&wire::encode_done(mtime)).await?;
+        self.client.push_done(mtime);
+        self.write_push().await?;
         self.collect_acks(false).await?;
         Ok(sent)
     }
@@ -252,10 +317,8 @@ impl SyncSession {
         while let Some(batch) = reader.next().await {
             // Appended by reference, not copied: the batch's buffer goes back
             // to the reading thread's pool once its last WRTE is sent.
-            if let Err(error) = self.stream.write_payload(Payload::from(batch), true).await {
-                self.collect_acks(true).await?;
-                return Err(self.stream_error(&error));
-            }
+            self.client.push_batch(Payload::from(batch));
+            self.write_push().await?;
             let read = reader.newly_read();
             sent += read;
             progress.advance(read);
@@ -270,7 +333,7 @@ impl SyncSession {
             Err(failure) => {
                 // Without DONE the device discards what it got; this
                 // stream can't continue, so end it.
-                self.end("a push was abandoned halfway");
+                self.client.end("a push was abandoned halfway");
                 let message = match failure {
                     SendError::Read(e) => format!(
                         "reading '{}' locally failed: {}",
@@ -289,100 +352,9 @@ impl SyncSession {
                 return Err(transfer_error(message));
             }
         }
-        self.write_push(&wire::encode_done(mtime)).await?;
+        self.client.push_done(mtime);
+        self.write_push().await?;
         self.collect_acks(false).await?;
         Ok(sent)
-    }
-
-    pub(super) fn expect_ack(&mut self, local: &Path, remote: &[u8]) {
-        self.unacked.push_back(Unacked {
-            local: local.display().to_string(),
-            remote: show(remote).into_owned(),
-        });
-    }
-
-    /// Writes push data; when the device closed the stream, its `FAIL` says why.
-    pub(super) async fn write_push(&mut self, bytes: &[u8]) -> Result<()> {
-        if let Err(error) = self.stream.write_all(bytes).await {
-            self.collect_acks(true).await?;
-            return Err(self.stream_error(&error));
-        }
-        Ok(())
-    }
-
-    /// Reads the device's answers to finished pushes: all of them when
-    /// `block`, else only what already arrived (unless too many are pending).
-    pub(crate) async fn collect_acks(&mut self, block: bool) -> Result<()> {
-        while let Some(front) = self.unacked.front() {
-            let context = (front.local.clone(), front.remote.clone());
-            let wait = block || self.unacked.len() > MAX_UNACKED;
-            match self.next_ack(wait).await {
-                Ok(true) => {
-                    self.unacked.pop_front();
-                }
-                Ok(false) => return Ok(()),
-                Err(error) => {
-                    self.unacked.clear();
-                    return Err(match error {
-                        Error::Transfer { .. } => error,
-                        other => transfer_error(format!(
-                            "failed to copy '{}' to '{}': {other}",
-                            context.0, context.1
-                        )),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Consumes one `OKAY` (true), or finds not enough data without `wait`
-    /// (false); a `FAIL` becomes adb's "failed to copy" error.
-    pub(super) async fn next_ack(&mut self, wait: bool) -> Result<bool> {
-        loop {
-            if let Some(header) = self.peek_header() {
-                match header.id {
-                    wire::ID_OKAY => {
-                        self.consume(HEADER_LEN);
-                        if header.len != 0 {
-                            return Err(self.protocol_error(format!(
-                                "OKAY with a message length of {}",
-                                header.len
-                            )));
-                        }
-                        return Ok(true);
-                    }
-                    wire::ID_FAIL => {
-                        let len = header.len as usize;
-                        if len > SYNC_DATA_MAX {
-                            return Err(self.protocol_error(format!("FAIL message of {len} bytes")));
-                        }
-                        if self.inbox.len() >= HEADER_LEN + len {
-                            self.consume(HEADER_LEN);
-                            let message = self.take_vec(len);
-                            let failed = self.unacked.pop_front().expect("a pending push");
-                            self.end("the device reported a failed push");
-                            return Err(transfer_error(format!(
-                                "failed to copy '{}' to '{}': remote {}",
-                                failed.local,
-                                failed.remote,
-                                String::from_utf8_lossy(&message)
-                            )));
-                        }
-                    }
-                    other => {
-                        return Err(self.protocol_error(format!(
-                            "unexpected response to a push: {}",
-                            wire::id_name(other)
-                        )))
-                    }
-                }
-            }
-            if wait {
-                self.fill().await?;
-            } else if !self.poll_fill().await? {
-                return Ok(false);
-            }
-        }
     }
 }

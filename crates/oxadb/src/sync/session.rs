@@ -1,58 +1,28 @@
-//! One `sync:` stream and the requests it carries: the session, its public
-//! requests and `stat`s. The rest of [`SyncSession`] is split by job:
-//! `framing.rs` (building requests, reading replies off the stream),
-//! `send.rs` (pipelined pushes) and `receive.rs` (pulls).
+//! One `sync:` stream: the adapter that drives `oxadb_transfer::Client`, the
+//! protocol's host machine, over it. The machine builds the requests and
+//! reads the replies (docs/architecture.md, "transfer"); this file moves
+//! bytes between it and the stream, waits for its events, and words its
+//! errors as the library's. The requests are split by job, each file using
+//! only this one: `metadata.rs` (stats and listings), `send.rs` (pipelined
+//! pushes), `receive.rs` (pulls).
 
-use std::collections::VecDeque;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::task::Poll;
+use std::time::Duration;
 
-use oxadb_io::AdbStream;
-use oxadb_transfer::Inbox;
+use oxadb_io::{AdbStream, WriteChunk};
+use oxadb_transfer::{Client, ClientError, ClientEvent, RequestError, Transmit, MAX_UNACKED};
 use oxadb_wire::service::DeviceService;
-use oxadb_wire::sync as wire;
+use tokio::io::AsyncWriteExt;
 
-use super::framing::READ_MAX;
-use super::local::PulledAttributes;
-use super::send::{LocalFile, SendMode, Unacked, MAX_UNACKED};
-use super::{
-    describe_io, show, strerror, transfer_error, Progress, PullOptions, PushOptions, RemoteEntry,
-    RemoteStat, SyncFeatures, TransferSummary, ZeroCopyStats,
-};
+use super::{show, transfer_error, SyncFeatures, ZeroCopyStats};
 use crate::device::Device;
 use crate::error::{Error, Result};
 
-/// Longest entry name accepted in a listing.
-const MAX_NAME_LEN: usize = 4096;
+/// Largest chunk taken from the stream at once.
+const READ_MAX: usize = 1024 * 1024;
 /// How long `quit` waits for the device to close the stream.
 const QUIT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why a `stat` failed on the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StatFailure {
-    /// `stat_v2` reports the errno (Linux numbering).
-    Errno(u32),
-    /// A `STAT` (v1) reply of zeroes: the path does not exist or can't be read.
-    Unknown,
-}
-
-impl StatFailure {
-    pub(crate) fn is_not_found(self) -> bool {
-        matches!(
-            self,
-            StatFailure::Unknown | StatFailure::Errno(2 /* ENOENT */)
-        )
-    }
-
-    pub(crate) fn describe(self) -> String {
-        match self {
-            StatFailure::Errno(errno) => strerror(errno as i32),
-            StatFailure::Unknown => "does not exist".to_string(),
-        }
-    }
-}
-
-pub(crate) type StatReply = std::result::Result<RemoteStat, StatFailure>;
 
 /// A session on the device's `sync:` service.
 ///
@@ -88,16 +58,10 @@ pub struct SyncSession {
     pub(super) serial: String,
     /// Tells why the stream ended when the whole connection did (a device
     /// unplugged, a reset link) rather than the device closing the stream.
-    pub(super) connection: oxadb_io::Connection,
+    connection: oxadb_io::Connection,
     pub(super) features: SyncFeatures,
-    /// Received bytes not consumed yet.
-    pub(super) inbox: Inbox,
-    pub(super) unacked: VecDeque<Unacked>,
-    /// Why the service can't be used any more, once it can't.
-    pub(super) ended: Option<String>,
-    /// The remote path of a `RECV` sent ahead of the `STAT` reply it
-    /// depended on: its reply comes next on the stream (`receive.rs`).
-    pub(super) recv_ahead: Option<Vec<u8>>,
+    /// The protocol: requests queued, replies expected and read.
+    pub(super) client: Client,
     /// What happened to the file ranges of this session's pushes.
     pub(super) ranges: std::sync::Arc<oxadb_wire::RangeCounters>,
 }
@@ -116,10 +80,7 @@ impl SyncSession {
             serial: device.serial().to_string(),
             connection: device.connection().clone(),
             features,
-            inbox: Inbox::new(),
-            unacked: VecDeque::new(),
-            ended: None,
-            recv_ahead: None,
+            client: Client::new(),
             ranges: Default::default(),
         })
     }
@@ -164,192 +125,18 @@ impl SyncSession {
     /// Whether the device ended the service (after a failed transfer) or the
     /// stream broke; such a session refuses further requests.
     pub fn is_ended(&self) -> bool {
-        self.ended.is_some()
-    }
-
-    /// Metadata of `path`, following symlinks (`STA2`; with only `STAT`, a
-    /// symlink is reported as a directory or a file of size 0, as adb does).
-    pub async fn stat(&mut self, path: impl AsRef<[u8]>) -> Result<RemoteStat> {
-        let path = path.as_ref();
-        let reply = self.stat_follow(path).await?;
-        reply.map_err(|failure| remote_error(path, failure))
-    }
-
-    /// Metadata of `path` itself (`LST2`, or `STAT` without `stat_v2`).
-    pub async fn lstat(&mut self, path: impl AsRef<[u8]>) -> Result<RemoteStat> {
-        let path = path.as_ref();
-        let reply = self.lstat_raw(path).await?;
-        reply.map_err(|failure| remote_error(path, failure))
-    }
-
-    /// The entries of directory `path` (`LIS2`, or `LIST` without `ls_v2`),
-    /// `.` and `..` included. The device answers an unreadable or missing
-    /// directory with an empty listing.
-    pub async fn list(&mut self, path: impl AsRef<[u8]>) -> Result<Vec<RemoteEntry>> {
-        let path = path.as_ref();
-        self.settle().await?;
-        let v2 = self.features.ls_v2;
-        let id = if v2 {
-            wire::ID_LIST_V2
-        } else {
-            wire::ID_LIST_V1
-        };
-        let request = self.request(id, path)?;
-        self.write(&request).await?;
-        let mut entries = Vec::new();
-        loop {
-            let fixed = if v2 {
-                self.read_vec(wire::DENT_V2_LEN).await?
-            } else {
-                self.read_vec(wire::DENT_V1_LEN).await?
-            };
-            let id = u32::from_le_bytes(fixed[0..4].try_into().expect("4 bytes"));
-            if id == wire::ID_DONE {
-                return Ok(entries);
-            }
-            let expected = if v2 {
-                wire::ID_DENT_V2
-            } else {
-                wire::ID_DENT_V1
-            };
-            if id != expected {
-                return Err(self.protocol_error(format!(
-                    "listing '{}': expected {} or DONE, got {}",
-                    show(path),
-                    wire::id_name(expected),
-                    wire::id_name(id)
-                )));
-            }
-            let name_at = if v2 { 72 } else { 16 };
-            let name_len =
-                u32::from_le_bytes(fixed[name_at..name_at + 4].try_into().expect("4")) as usize;
-            if name_len > MAX_NAME_LEN {
-                return Err(self.protocol_error(format!(
-                    "listing '{}': entry name of {name_len} bytes",
-                    show(path)
-                )));
-            }
-            let mut whole = fixed;
-            whole.extend_from_slice(&self.read_vec(name_len).await?);
-            let parsed = if v2 {
-                wire::parse_dent_v2(&whole)
-            } else {
-                wire::parse_dent_v1(&whole)
-            };
-            let (dent, _) = parsed.map_err(|e| self.protocol_error(e.to_string()))?;
-            if dent.stat.error != 0 {
-                tracing::debug!(
-                    "sync: listing '{}': entry {:?}: {}",
-                    show(path),
-                    String::from_utf8_lossy(&dent.name),
-                    strerror(dent.stat.error as i32)
-                );
-                continue;
-            }
-            entries.push(RemoteEntry {
-                name: dent.name,
-                stat: RemoteStat::from_v2(&dent.stat),
-            });
-        }
-    }
-
-    /// Pushes the regular file `local` (symlinks followed) to exactly `remote`
-    /// and waits for the device to confirm it. With `options.sync` an
-    /// unchanged file (same size and mtime on the device) is skipped.
-    pub async fn push_file(
-        &mut self,
-        local: &Path,
-        remote: impl AsRef<[u8]>,
-        options: &PushOptions,
-        progress: &mut dyn Progress,
-    ) -> Result<TransferSummary> {
-        let started = Instant::now();
-        let remote = remote.as_ref();
-        if options.dry_run && !self.features.dry_run_send {
-            return Err(transfer_error(
-                "dry-run not supported by the device".to_string(),
-            ));
-        }
-        let metadata = tokio::fs::metadata(local).await.map_err(|e| {
-            transfer_error(format!(
-                "cannot stat '{}': {}",
-                local.display(),
-                describe_io(&e)
-            ))
-        })?;
-        if !metadata.is_file() {
-            return Err(transfer_error(format!(
-                "cannot push '{}': not a regular file",
-                local.display()
-            )));
-        }
-        let mut summary = TransferSummary::default();
-        if options.sync && self.unchanged(remote, &metadata).await? {
-            summary.files_skipped = 1;
-        } else {
-            let mode = SendMode {
-                compression: self.features.resolve(options.compression),
-                dry_run: options.dry_run,
-            };
-            let bytes = self
-                .send_regular(local, remote, LocalFile::of(&metadata), mode, progress)
-                .await?;
-            self.collect_acks(true).await?;
-            summary.files_transferred = 1;
-            summary.bytes = bytes;
-        }
-        summary.elapsed = started.elapsed();
-        Ok(summary)
-    }
-
-    /// Pulls `remote` into exactly the path `local`, through a temporary file
-    /// renamed into place at the end (an existing non-regular `local`, such as
-    /// a device node, is written in place). With `options.preserve` the file
-    /// gets the remote mtime and mode.
-    pub async fn pull_file(
-        &mut self,
-        remote: impl AsRef<[u8]>,
-        local: &Path,
-        options: &PullOptions,
-        progress: &mut dyn Progress,
-    ) -> Result<TransferSummary> {
-        let started = Instant::now();
-        let remote = remote.as_ref();
-        let (attributes, size) = if options.preserve {
-            let stat = self.stat(remote).await?;
-            (
-                Some(PulledAttributes {
-                    mode: stat.mode,
-                    mtime: stat.mtime,
-                }),
-                Some(stat.size),
-            )
-        } else {
-            (None, None)
-        };
-        let compression = self.features.resolve(options.compression);
-        let bytes = self
-            .receive(remote, local, size, compression, attributes, progress)
-            .await?;
-        Ok(TransferSummary {
-            files_transferred: 1,
-            files_skipped: 0,
-            bytes,
-            elapsed: started.elapsed(),
-            stream: self.stream_stats(),
-            zero_copy: Some(self.zero_copy_stats()),
-        })
+        self.client.ended().is_some()
     }
 
     /// Waits for outstanding push acknowledgements, ends the service with
     /// `QUIT` and waits for the device to close the stream.
     pub async fn quit(mut self) -> Result<()> {
-        if self.ended.is_some() {
+        if self.is_ended() {
             return Ok(());
         }
         self.collect_acks(true).await?;
-        let request = self.request(wire::ID_QUIT, b"")?;
-        self.write(&request).await?;
+        self.client.quit().map_err(|e| self.request_error(e))?;
+        self.flush().await?;
         let _ = tokio::time::timeout(QUIT_TIMEOUT, async {
             while let Ok(Some(_)) = self.stream.read_chunk(READ_MAX).await {}
         })
@@ -357,115 +144,229 @@ impl SyncSession {
         Ok(())
     }
 
-    // ----- stat -----
+    // ----- the stream -----
 
-    pub(crate) async fn lstat_raw(&mut self, path: &[u8]) -> Result<StatReply> {
-        self.settle().await?;
-        let id = if self.features.stat_v2 {
-            wire::ID_LSTAT_V2
-        } else {
-            wire::ID_LSTAT_V1
-        };
-        let request = self.request(id, path)?;
-        self.write(&request).await?;
-        self.read_stat_reply(id, path).await
-    }
-
-    /// `stat` following symlinks; emulated with `STAT` like adb's fallback.
-    pub(crate) async fn stat_follow(&mut self, path: &[u8]) -> Result<StatReply> {
-        self.settle().await?;
-        if self.features.stat_v2 {
-            let request = self.request(wire::ID_STAT_V2, path)?;
-            self.write(&request).await?;
-            return self.read_stat_reply(wire::ID_STAT_V2, path).await;
-        }
-        let mut stat = match self.lstat_raw(path).await? {
-            Ok(stat) => stat,
-            failed => return Ok(failed),
-        };
-        if stat.is_symlink() {
-            // "path/" resolves only if the link points at a directory.
-            let mut as_dir = path.to_vec();
-            as_dir.push(b'/');
-            let kind = if self.lstat_raw(&as_dir).await?.is_ok() {
-                libc::S_IFDIR
-            } else {
-                libc::S_IFREG
-            };
-            stat.mode = (stat.mode & !libc::S_IFMT) | kind;
-            stat.size = 0;
-        }
-        Ok(Ok(stat))
-    }
-
-    /// `lstat`s of many paths, pipelined in batches like adb's `--sync` check.
-    pub(crate) async fn lstat_many(&mut self, paths: &[&[u8]]) -> Result<Vec<StatReply>> {
-        self.settle().await?;
-        let id = if self.features.stat_v2 {
-            wire::ID_LSTAT_V2
-        } else {
-            wire::ID_LSTAT_V1
-        };
-        let mut replies = Vec::with_capacity(paths.len());
-        for batch in paths.chunks(MAX_UNACKED) {
-            let mut requests = Vec::new();
-            for path in batch {
-                requests.extend_from_slice(&self.request(id, path)?);
-            }
-            self.write(&requests).await?;
-            for path in batch {
-                replies.push(self.read_stat_reply(id, path).await?);
+    /// Writes what the machine queued: requests as bytes, a push's batches
+    /// appended by reference (their buffers go back to the reading thread's
+    /// pool once sent; file ranges go by `sendfile`).
+    pub(super) async fn write_queued(&mut self) -> std::io::Result<()> {
+        while let Some(transmit) = self.client.poll_transmit() {
+            match transmit {
+                Transmit::Bytes(bytes) => self.stream.write_all(&bytes).await?,
+                Transmit::Batch(batch) => self.stream.write_payload(batch, true).await?,
             }
         }
-        Ok(replies)
+        Ok(())
     }
 
-    pub(super) async fn read_stat_reply(&mut self, id: u32, path: &[u8]) -> Result<StatReply> {
-        if id == wire::ID_LSTAT_V1 {
-            let bytes = self.read_vec(wire::STAT_V1_LEN).await?;
-            let (reply_id, stat) = wire::StatV1::parse(&bytes).expect("a full reply");
-            if reply_id != id {
-                return Err(self.unexpected_reply("STAT", reply_id, path));
-            }
-            if stat == wire::StatV1::default() {
-                return Ok(Err(StatFailure::Unknown));
-            }
-            return Ok(Ok(RemoteStat {
-                mode: stat.mode,
-                size: u64::from(stat.size),
-                mtime: i64::from(stat.mtime),
-                ctime: i64::from(stat.mtime),
-                ..RemoteStat::default()
-            }));
+    /// [`SyncSession::write_queued`] for a request with a reply.
+    pub(super) async fn flush(&mut self) -> Result<()> {
+        if let Err(error) = self.write_queued().await {
+            return Err(self.stream_error(&error));
         }
-        let bytes = self.read_vec(wire::STAT_V2_LEN).await?;
-        let (reply_id, stat) = wire::StatV2::parse(&bytes).expect("a full reply");
-        if reply_id != id {
-            return Err(self.unexpected_reply(&wire::id_name(id), reply_id, path));
-        }
-        if stat.error != 0 {
-            return Ok(Err(StatFailure::Errno(stat.error)));
-        }
-        Ok(Ok(RemoteStat::from_v2(&stat)))
+        Ok(())
     }
 
-    /// Whether `remote` has the size and mtime of the local file (`--sync`).
-    pub(crate) async fn unchanged(
-        &mut self,
-        remote: &[u8],
-        metadata: &std::fs::Metadata,
-    ) -> Result<bool> {
-        use std::os::unix::fs::MetadataExt;
-        Ok(match self.lstat_raw(remote).await? {
-            Ok(stat) => stat.size == metadata.size() && stat.mtime == metadata.mtime(),
-            Err(_) => false,
+    /// [`SyncSession::write_queued`] for push data: when the device closed
+    /// the stream, its `FAIL` says why.
+    pub(super) async fn write_push(&mut self) -> Result<()> {
+        if let Err(error) = self.write_queued().await {
+            self.collect_acks(true).await?;
+            return Err(self.stream_error(&error));
+        }
+        Ok(())
+    }
+
+    /// Waits for more of the stream and gives it to the machine.
+    async fn read(&mut self) -> Result<()> {
+        match self.stream.read_chunk(READ_MAX).await {
+            Ok(Some(chunk)) => self.client.handle_input(chunk),
+            Ok(None) => self.client.handle_eof(),
+            Err(error) => return Err(self.stream_error(&error)),
+        }
+        Ok(())
+    }
+
+    /// Gives the machine what already arrived, without waiting; false if
+    /// nothing had.
+    async fn read_arrived(&mut self) -> Result<bool> {
+        let stream = &mut self.stream;
+        let polled = std::future::poll_fn(|cx| {
+            let read = stream.read_chunk(READ_MAX);
+            let mut read = std::pin::pin!(read);
+            Poll::Ready(match read.as_mut().poll(cx) {
+                Poll::Ready(result) => Some(result),
+                Poll::Pending => None,
+            })
         })
+        .await;
+        match polled {
+            None => Ok(false),
+            Some(Ok(Some(chunk))) => {
+                self.client.handle_input(chunk);
+                Ok(true)
+            }
+            Some(Ok(None)) => {
+                self.client.handle_eof();
+                Ok(true)
+            }
+            Some(Err(error)) => Err(self.stream_error(&error)),
+        }
     }
-}
 
-pub(super) fn remote_error(path: &[u8], failure: StatFailure) -> Error {
-    Error::Remote {
-        path: show(path).into_owned(),
-        message: failure.describe(),
+    /// An event that arrived whole, if one did.
+    fn poll_event(&mut self) -> Result<Option<ClientEvent>> {
+        self.client
+            .poll_event()
+            .map_err(|error| self.client_error(error))
+    }
+
+    /// The next reply (or piece of one), waiting for it.
+    pub(super) async fn next_event(&mut self) -> Result<ClientEvent> {
+        loop {
+            if let Some(event) = self.poll_event()? {
+                return Ok(event);
+            }
+            if !self.client.awaits_reply() {
+                return Err(self.protocol_error("waited for a reply no request asked for"));
+            }
+            self.read().await?;
+        }
+    }
+
+    /// Before a request with a reply: the answers to earlier pushes come first.
+    pub(super) async fn settle(&mut self) -> Result<()> {
+        if self.client.pending_acks() == 0 {
+            Ok(())
+        } else {
+            self.collect_acks(true).await
+        }
+    }
+
+    /// Reads the device's answers to finished pushes: all of them when
+    /// `block`, else only what already arrived (unless too many are pending).
+    pub(crate) async fn collect_acks(&mut self, block: bool) -> Result<()> {
+        while let Some((local, remote)) = self.client.oldest_push() {
+            let context = (local.to_string(), remote.to_string());
+            let wait = block || self.client.pending_acks() > MAX_UNACKED;
+            match self.next_ack(wait).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(error) => {
+                    return Err(match error {
+                        Error::Transfer { .. } => error,
+                        other => transfer_error(format!(
+                            "failed to copy '{}' to '{}': {other}",
+                            context.0, context.1
+                        )),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumes one `OKAY` (true), or finds not enough data without `wait`
+    /// (false); a `FAIL` becomes adb's "failed to copy" error.
+    async fn next_ack(&mut self, wait: bool) -> Result<bool> {
+        loop {
+            match self.poll_event()? {
+                Some(ClientEvent::Acked) => return Ok(true),
+                Some(ClientEvent::PushFailed {
+                    local,
+                    remote,
+                    message,
+                }) => {
+                    return Err(transfer_error(format!(
+                        "failed to copy '{local}' to '{remote}': remote {message}"
+                    )))
+                }
+                Some(other) => return Err(self.unexpected(&other)),
+                None => {}
+            }
+            if wait {
+                self.read().await?;
+            } else if !self.read_arrived().await? {
+                return Ok(false);
+            }
+        }
+    }
+
+    // ----- errors -----
+
+    pub(super) fn stream_error(&mut self, error: &std::io::Error) -> Error {
+        self.client.end("the stream broke");
+        Error::ConnectionLost {
+            addr: self.serial.clone(),
+            reason: format!("sync stream: {error}"),
+        }
+    }
+
+    /// The error for a stream that ended under us: the connection's end if
+    /// that is what ended it.
+    fn stream_ended(&self) -> Error {
+        Error::ConnectionLost {
+            addr: self.serial.clone(),
+            reason: match self.connection.closed() {
+                Some(error) if !error.is_clean() => error.to_string(),
+                _ => "the device closed the sync stream".to_string(),
+            },
+        }
+    }
+
+    fn client_error(&self, error: ClientError) -> Error {
+        match error {
+            ClientError::Protocol(message) => {
+                Error::Protocol(format!("{}: {message}", self.serial))
+            }
+            ClientError::Closed => self.stream_ended(),
+        }
+    }
+
+    pub(super) fn protocol_error(&mut self, message: &str) -> Error {
+        self.client.end("protocol error");
+        Error::Protocol(format!("{}: {message}", self.serial))
+    }
+
+    /// A reply the machine read for another request than the one waited
+    /// for: this adapter's bug, not the device's.
+    pub(super) fn unexpected(&mut self, event: &ClientEvent) -> Error {
+        self.protocol_error(&format!("a reply out of turn: {event:?}"))
+    }
+
+    /// Refuses a request on a session that can't be used any more.
+    pub(super) fn usable(&self) -> Result<()> {
+        match self.client.ended() {
+            None => Ok(()),
+            Some(reason) => Err(self.request_error(RequestError::Ended(reason.to_string()))),
+        }
+    }
+
+    /// A request that could not be made.
+    pub(super) fn request_error(&self, error: RequestError) -> Error {
+        match error {
+            RequestError::Path { path, error } => Error::Remote {
+                path: show(&path).into_owned(),
+                message: error.to_string(),
+            },
+            other => Error::Protocol(format!("{}: {other}", self.serial)),
+        }
+    }
+
+    /// A push or pull that could not be asked for: the path did not fit.
+    pub(super) fn transfer_request_error(
+        &self,
+        error: RequestError,
+        local: &std::path::Path,
+        remote: &[u8],
+    ) -> Error {
+        match error {
+            RequestError::Path { error, .. } => transfer_error(format!(
+                "failed to copy '{}' to '{}': {error}",
+                local.display(),
+                show(remote)
+            )),
+            other => self.request_error(other),
+        }
     }
 }

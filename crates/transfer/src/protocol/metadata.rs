@@ -1,16 +1,21 @@
 //! `STAT`, `LST2`, `STA2`, `LIST` and `LIS2`: the daemon's replies, written
 //! as adbd's `daemon/file_sync_service.cpp` writes them (`do_lstat_v1`,
-//! `do_stat_v2`, `do_list`).
+//! `do_stat_v2`, `do_list`), and the host's reading of them
+//! (`client/file_sync_client.cpp`).
 
 use std::fs::Metadata;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use oxadb_wire::sync::{self as wire, StatV1, StatV2};
+use oxadb_wire::sync::{self as wire, Dent, StatV1, StatV2};
 use tracing::debug;
 
 use super::Outbox;
+use crate::Inbox;
+
+/// Longest entry name a host accepts in a listing (PATH_MAX).
+const MAX_NAME_LEN: usize = 4096;
 
 /// Which stat a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,4 +157,150 @@ pub(super) fn write_listing(
         reply.extend_from_slice(&wire::encode_dent_v1_done());
     }
     out.bytes(&reply);
+}
+
+/// Why a stat failed on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatFailure {
+    /// `stat_v2` reports the errno (Linux numbering).
+    Errno(u32),
+    /// A `STAT` (v1) reply of zeroes: the path does not exist or can't be read.
+    Unknown,
+}
+
+impl StatFailure {
+    pub fn is_not_found(self) -> bool {
+        matches!(
+            self,
+            StatFailure::Unknown | StatFailure::Errno(2 /* ENOENT */)
+        )
+    }
+}
+
+/// A stat's answer: the metadata (a `STAT` reply's three fields in a
+/// `StatV2`, its `ctime` the `mtime` as adb fills it), or why not.
+pub type StatReply = Result<StatV2, StatFailure>;
+
+/// The host reading a stat reply of `kind` for `path`; `Ok(None)` until all
+/// of it arrived, `Err` (a protocol error) for a reply to something else.
+pub(super) fn read_stat_reply(
+    inbox: &mut Inbox,
+    kind: StatKind,
+    path: &[u8],
+) -> Result<Option<StatReply>, String> {
+    let len = if kind == StatKind::LstatV1 {
+        wire::STAT_V1_LEN
+    } else {
+        wire::STAT_V2_LEN
+    };
+    if inbox.len() < len {
+        return Ok(None);
+    }
+    let bytes = inbox.take_vec(len);
+    if kind == StatKind::LstatV1 {
+        let (reply_id, stat) = StatV1::parse(&bytes).expect("a whole reply");
+        if reply_id != kind.id() {
+            return Err(unexpected_reply(kind, reply_id, path));
+        }
+        if stat == StatV1::default() {
+            return Ok(Some(Err(StatFailure::Unknown)));
+        }
+        return Ok(Some(Ok(StatV2 {
+            mode: stat.mode,
+            size: u64::from(stat.size),
+            mtime: i64::from(stat.mtime),
+            ctime: i64::from(stat.mtime),
+            ..StatV2::default()
+        })));
+    }
+    let (reply_id, stat) = StatV2::parse(&bytes).expect("a whole reply");
+    if reply_id != kind.id() {
+        return Err(unexpected_reply(kind, reply_id, path));
+    }
+    if stat.error != 0 {
+        return Ok(Some(Err(StatFailure::Errno(stat.error))));
+    }
+    Ok(Some(Ok(stat)))
+}
+
+fn unexpected_reply(kind: StatKind, got: u32, path: &[u8]) -> String {
+    format!(
+        "expected a {} reply for '{}', got {}",
+        wire::id_name(kind.id()),
+        String::from_utf8_lossy(path),
+        wire::id_name(got)
+    )
+}
+
+/// What the host read of a listing.
+pub(super) enum ListItem {
+    Entry(Dent),
+    /// An entry the device could not `lstat` (`LIS2` says why); left out.
+    Skipped,
+    Done,
+}
+
+/// The host reading the next entry of a listing of `path`; `Ok(None)` until
+/// all of it arrived.
+pub(super) fn read_list_item(
+    inbox: &mut Inbox,
+    v2: bool,
+    path: &[u8],
+) -> Result<Option<ListItem>, String> {
+    let (fixed, expected, name_at) = if v2 {
+        (wire::DENT_V2_LEN, wire::ID_DENT_V2, 72)
+    } else {
+        (wire::DENT_V1_LEN, wire::ID_DENT_V1, 16)
+    };
+    let Some(header) = inbox.peek_header() else {
+        return Ok(None);
+    };
+    let show = || String::from_utf8_lossy(path);
+    if header.id == wire::ID_DONE {
+        // A whole zeroed entry with the id DONE.
+        if inbox.len() < fixed {
+            return Ok(None);
+        }
+        inbox.consume(fixed);
+        return Ok(Some(ListItem::Done));
+    }
+    if header.id != expected {
+        return Err(format!(
+            "listing '{}': expected {} or DONE, got {}",
+            show(),
+            wire::id_name(expected),
+            wire::id_name(header.id)
+        ));
+    }
+    if inbox.len() < fixed {
+        return Ok(None);
+    }
+    let head = inbox.peek(fixed);
+    let name_len = u32::from_le_bytes(head[name_at..name_at + 4].try_into().expect("4")) as usize;
+    if name_len > MAX_NAME_LEN {
+        return Err(format!(
+            "listing '{}': entry name of {name_len} bytes",
+            show()
+        ));
+    }
+    if inbox.len() < fixed + name_len {
+        return Ok(None);
+    }
+    let whole = inbox.take_vec(fixed + name_len);
+    let parsed = if v2 {
+        wire::parse_dent_v2(&whole)
+    } else {
+        wire::parse_dent_v1(&whole)
+    };
+    let (dent, _) = parsed.map_err(|e| e.to_string())?;
+    if dent.stat.error != 0 {
+        debug!(
+            "sync: listing '{}': entry {:?}: {}",
+            show(),
+            String::from_utf8_lossy(&dent.name),
+            io::Error::from_raw_os_error(dent.stat.error as i32)
+        );
+        return Ok(Some(ListItem::Skipped));
+    }
+    Ok(Some(ListItem::Entry(dent)))
 }

@@ -9,6 +9,8 @@
 //! - [`Service`] is the daemon's `sync:` service: requests in, replies out,
 //!   and [`Action`]s for its adapter to perform (stat a path, list a
 //!   directory, take a push's data, send a file), whose results are fed back.
+//! - [`Client`] is the host's session: requests out (stats, listings,
+//!   pipelined pushes, pulls), the device's replies in as [`ClientEvent`]s.
 //!
 //! Both take received chunks as they are (`handle_input(Bytes)`), parse them
 //! in place with an [`crate::Inbox`] and hand `DATA` payloads on as slices of
@@ -17,7 +19,10 @@
 //! for their next action or event, so a result fed back in between (a push
 //! refused, a pull finished) takes effect before the bytes after it are read.
 
+mod client;
 mod metadata;
+mod receive;
+mod send;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -27,7 +32,8 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use oxadb_wire::Payload;
 
-pub use metadata::{stat_v2_of, ListEntry, StatKind};
+pub use client::{Client, ClientError, ClientEvent, PullTicket, RequestError, MAX_UNACKED};
+pub use metadata::{stat_v2_of, ListEntry, StatFailure, StatKind, StatReply};
 pub(crate) use service::up_to_nul;
 pub use service::{Action, Failure, PushRequest, Service, ServiceError};
 

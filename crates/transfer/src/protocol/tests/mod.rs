@@ -6,18 +6,28 @@
 //! - `service.rs`: the daemon's machine against requests framed by hand
 //!   (as adb's `file_sync_client.cpp` frames them), including malformed and
 //!   truncated ones.
+//! - `client.rs`: the host's machine against replies framed by hand.
+//! - `pair.rs`: both machines back to back ([`Pair`]), as the engine's tests
+//!   pair two connections.
+//! - `random.rs`: random sessions through a [`Pair`], cut at random points.
 
+mod client;
+mod pair;
+mod random;
 mod service;
 
 use std::fs;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use bytes::Bytes;
 use oxadb_wire::sync::Compression;
 
-use super::{Action, Failure, Service, ServiceError};
+use oxadb_wire::sync::{TransferFlags, SYNC_DATA_MAX};
+
+use super::{Action, Client, ClientError, ClientEvent, Failure, Service, ServiceError};
 use crate::serve::{self, PushJob};
 use crate::{handoff, Chunk, ChunkReader, Framing, Policy};
 
@@ -333,4 +343,223 @@ pub(super) fn seed() -> u64 {
         });
     eprintln!("seed {seed} (OXADB_SYNC_SEED={seed} repeats the run)");
     seed
+}
+
+/// The host's machine and the daemon's, back to back: the test makes the
+/// requests, [`Pair::drive`] moves the bytes (cut as the `Cuts` say) and
+/// runs the daemon, and the host's events come out of [`Pair::event`].
+pub(super) struct Pair {
+    pub(super) client: Client,
+    pub(super) daemon: Daemon,
+    to_host: Cuts,
+    /// Everything the daemon sent, for tests that look at its frames.
+    pub(super) sent_to_host: Vec<u8>,
+    /// The daemon's end was passed on as the end of the host's stream.
+    hung_up: bool,
+    /// Local files the host pushes from.
+    scratch: tempfile::TempDir,
+}
+
+/// The mtime the host's pushes carry.
+pub(super) const PUSH_MTIME: u32 = 1_600_000_000;
+
+impl Pair {
+    pub(super) fn new() -> Pair {
+        Pair::with_cuts(Cuts::Whole, Cuts::Whole)
+    }
+
+    pub(super) fn with_cuts(to_daemon: Cuts, to_host: Cuts) -> Pair {
+        Pair {
+            client: Client::new(),
+            daemon: Daemon::new(to_daemon),
+            to_host,
+            sent_to_host: Vec::new(),
+            hung_up: false,
+            scratch: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Moves bytes both ways until neither side has anything to say; the
+    /// daemon's end closes the host's stream, as adbd closes it.
+    pub(super) fn drive(&mut self) {
+        loop {
+            let mut moved = false;
+            while let Some(transmit) = self.client.poll_transmit() {
+                self.daemon.receive(transmit.into_bytes());
+                moved = true;
+            }
+            let output = self.daemon.take_output();
+            if !output.is_empty() {
+                self.sent_to_host.extend_from_slice(&output);
+                for piece in self.to_host.split(Bytes::from(output)) {
+                    self.client.handle_input(piece);
+                }
+                moved = true;
+            }
+            if !self.hung_up && self.daemon.end().is_some() {
+                self.client.handle_eof();
+                self.hung_up = true;
+                moved = true;
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// The host hangs up.
+    pub(super) fn hang_up(&mut self) {
+        self.daemon.hang_up();
+        self.drive();
+    }
+
+    /// The host's next event; `None` when nothing more comes.
+    pub(super) fn event(&mut self) -> Option<Result<ClientEvent, ClientError>> {
+        self.drive();
+        self.client.poll_event().transpose()
+    }
+
+    /// The next event, which must come and be no error.
+    pub(super) fn expect_event(&mut self) -> ClientEvent {
+        match self.event() {
+            Some(Ok(event)) => event,
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    /// Pushes `data` to `remote` as oxadb does: a small file in one `DATA`
+    /// frame with its request, never compressed; a larger one read from a
+    /// local file into batches of frames (compressed as `flags` say). The
+    /// answer: `Ok` for `OKAY`, else the `FAIL` text.
+    pub(super) fn push(
+        &mut self,
+        remote: &[u8],
+        mode: u32,
+        flags: Option<TransferFlags>,
+        data: &[u8],
+    ) -> Result<(), String> {
+        self.push_unacked(remote, mode, flags, data);
+        self.ack()
+    }
+
+    /// [`Pair::push`] without waiting for the answer.
+    pub(super) fn push_unacked(
+        &mut self,
+        remote: &[u8],
+        mode: u32,
+        flags: Option<TransferFlags>,
+        data: &[u8],
+    ) {
+        if data.len() < SYNC_DATA_MAX {
+            let flags = flags.map(|flags| TransferFlags {
+                compression: Compression::None,
+                ..flags
+            });
+            self.client.push(remote, mode, flags, "local").unwrap();
+            self.client.push_data(data);
+        } else {
+            self.client.push(remote, mode, flags, "local").unwrap();
+            let local = self.scratch.path().join("local");
+            fs::write(&local, data).unwrap();
+            let file = fs::File::open(&local).unwrap();
+            let compression = flags.map_or(Compression::None, |flags| flags.compression);
+            let mut batches = Vec::new();
+            crate::send_frames(
+                &file,
+                compression,
+                &Framing::HOST,
+                |batch| {
+                    batches.push(batch);
+                    true
+                },
+                &Default::default(),
+            )
+            .unwrap();
+            for batch in batches {
+                self.client.push_batch(batch.into());
+            }
+        }
+        self.client.push_done(PUSH_MTIME);
+    }
+
+    /// The answer to the oldest push.
+    pub(super) fn ack(&mut self) -> Result<(), String> {
+        match self.expect_event() {
+            ClientEvent::Acked => Ok(()),
+            ClientEvent::PushFailed { message, .. } => Err(message),
+            other => panic!("expected a push's answer, got {other:?}"),
+        }
+    }
+
+    /// Pulls `remote` (`RCV2` with `recv`'s compression, or `RECV`) and
+    /// decodes it as the host does; the `FAIL` text if it failed.
+    pub(super) fn pull(
+        &mut self,
+        remote: &[u8],
+        recv: Option<Compression>,
+    ) -> Result<Vec<u8>, String> {
+        let ticket = self.client.start_pull(remote, recv).unwrap();
+        self.client.send_pull(ticket);
+        self.pulled(recv.unwrap_or(Compression::None))
+    }
+
+    /// The data of a pull whose request went, decoded.
+    pub(super) fn pulled(&mut self, compression: Compression) -> Result<Vec<u8>, String> {
+        let mut pieces = Vec::new();
+        loop {
+            match self.expect_event() {
+                ClientEvent::Data(piece) => pieces.push(piece),
+                ClientEvent::Done => break,
+                ClientEvent::PullFailed(message) => return Err(message),
+                other => panic!("expected a pull's data, got {other:?}"),
+            }
+        }
+        let (mut chunks, queue) = handoff::channel(2);
+        chunks.blocking_send(Chunk::Pieces(pieces)).unwrap();
+        chunks.blocking_send(Chunk::Done { mtime: 0 }).unwrap();
+        drop(chunks);
+        let mut out = Vec::new();
+        crate::receive(
+            &mut ChunkReader::new(queue),
+            compression,
+            &mut out,
+            &Default::default(),
+        )
+        .map_err(|e| format!("decoding the pull: {e:?}"))?;
+        Ok(out)
+    }
+
+    /// A stat's answer.
+    pub(super) fn stat(&mut self, kind: super::StatKind, path: &[u8]) -> super::StatReply {
+        self.client.stat(kind, path).unwrap();
+        match self.expect_event() {
+            ClientEvent::Stat(reply) => reply,
+            other => panic!("expected a stat reply, got {other:?}"),
+        }
+    }
+
+    /// A listing's entries.
+    pub(super) fn list(&mut self, v2: bool, path: &[u8]) -> Vec<oxadb_wire::sync::Dent> {
+        self.client.list(v2, path).unwrap();
+        let mut entries = Vec::new();
+        loop {
+            match self.expect_event() {
+                ClientEvent::Entry(dent) => entries.push(dent),
+                ClientEvent::ListDone => return entries,
+                other => panic!("expected a listing, got {other:?}"),
+            }
+        }
+    }
+
+    /// `QUIT`, and how the daemon ended.
+    pub(super) fn quit(&mut self) -> Result<(), ServiceError> {
+        self.client.quit().unwrap();
+        self.drive();
+        self.daemon.end().expect("the service ended")
+    }
+}
+
+/// A path as request bytes.
+pub(super) fn bytes_of(path: &Path) -> Vec<u8> {
+    path.as_os_str().as_bytes().to_vec()
 }

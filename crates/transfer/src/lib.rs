@@ -49,7 +49,7 @@ pub use journal::{close_journal, open_journal, JournalError, Sweep};
 pub use protocol::{
     stat_v2_of, Action, Client, ClientError, ClientEvent, Failure, ListEntry, PullTicket,
     PushRequest, RequestError, Service, ServiceError, StatFailure, StatKind, StatReply, Transmit,
-    MAX_UNACKED,
+    Versions, MAX_UNACKED,
 };
 pub use send_file::SendFile;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};

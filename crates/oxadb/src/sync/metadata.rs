@@ -2,7 +2,7 @@
 //! following symlinks the way adb's fallback does), `LIS2` (or `LIST`),
 //! and the pipelined `lstat`s of `push --sync`.
 
-use oxadb_transfer::{ClientEvent, StatFailure, StatKind};
+use oxadb_transfer::{ClientEvent, StatFailure};
 
 use super::session::SyncSession;
 use super::{show, strerror, RemoteEntry, RemoteStat};
@@ -47,9 +47,7 @@ impl SyncSession {
     pub async fn list(&mut self, path: impl AsRef<[u8]>) -> Result<Vec<RemoteEntry>> {
         let path = path.as_ref();
         self.settle().await?;
-        self.client
-            .list(self.features.ls_v2, path)
-            .map_err(|e| self.request_error(e))?;
+        self.client.list(path).map_err(|e| self.request_error(e))?;
         self.flush().await?;
         let mut entries = Vec::new();
         loop {
@@ -64,60 +62,28 @@ impl SyncSession {
         }
     }
 
-    fn lstat_kind(&self) -> StatKind {
-        if self.features.stat_v2 {
-            StatKind::LstatV2
-        } else {
-            StatKind::LstatV1
-        }
-    }
-
     pub(crate) async fn lstat_raw(&mut self, path: &[u8]) -> Result<StatReply> {
         self.settle().await?;
-        self.client
-            .stat(self.lstat_kind(), path)
-            .map_err(|e| self.request_error(e))?;
+        self.client.lstat(path).map_err(|e| self.request_error(e))?;
         self.flush().await?;
         self.read_stat_reply().await
     }
 
-    /// `stat` following symlinks; emulated with `STAT` like adb's fallback.
+    /// `stat` following symlinks (`STA2`, or adb's fallback with `STAT`).
     pub(crate) async fn stat_follow(&mut self, path: &[u8]) -> Result<StatReply> {
         self.settle().await?;
-        if self.features.stat_v2 {
-            self.client
-                .stat(StatKind::StatV2, path)
-                .map_err(|e| self.request_error(e))?;
-            self.flush().await?;
-            return self.read_stat_reply().await;
-        }
-        let mut stat = match self.lstat_raw(path).await? {
-            Ok(stat) => stat,
-            failed => return Ok(failed),
-        };
-        if stat.is_symlink() {
-            // "path/" resolves only if the link points at a directory.
-            let mut as_dir = path.to_vec();
-            as_dir.push(b'/');
-            let kind = if self.lstat_raw(&as_dir).await?.is_ok() {
-                libc::S_IFDIR
-            } else {
-                libc::S_IFREG
-            };
-            stat.mode = (stat.mode & !libc::S_IFMT) | kind;
-            stat.size = 0;
-        }
-        Ok(Ok(stat))
+        self.client.stat(path).map_err(|e| self.request_error(e))?;
+        self.flush().await?;
+        self.read_stat_reply().await
     }
 
     /// `lstat`s of many paths, pipelined in batches like adb's `--sync` check.
     pub(crate) async fn lstat_many(&mut self, paths: &[&[u8]]) -> Result<Vec<StatReply>> {
         self.settle().await?;
-        let kind = self.lstat_kind();
         let mut replies = Vec::with_capacity(paths.len());
         for batch in paths.chunks(MAX_UNACKED) {
             self.client
-                .stat_many(kind, batch)
+                .lstat_many(batch)
                 .map_err(|e| self.request_error(e))?;
             self.flush().await?;
             for _ in batch {

@@ -175,6 +175,16 @@ impl SyncFeatures {
         SyncFeatures::default()
     }
 
+    /// The request versions these features allow, for the protocol machine.
+    pub(crate) fn versions(&self) -> oxadb_transfer::Versions {
+        oxadb_transfer::Versions {
+            stat_v2: self.stat_v2,
+            ls_v2: self.ls_v2,
+            sendrecv_v2: self.sendrecv_v2,
+            recv_ahead: self.recv_ahead,
+        }
+    }
+
     /// Whether `compression` (a specific algorithm) can be used with these features.
     pub fn supports(&self, compression: Compression) -> bool {
         self.sendrecv_v2

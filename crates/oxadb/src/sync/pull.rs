@@ -119,7 +119,7 @@ pub async fn pull(
         let stat = puller
             .session()
             .await?
-            .stat_with_recv_ahead(remote, compression)
+            .stat_for_pull(remote, compression)
             .await;
         // A RECV that went ahead of the STAT reply is wanted only for a
         // file pulled next.

@@ -90,30 +90,19 @@ impl SyncSession {
         })
     }
 
-    /// `RCV2` with `compression` when the device has `sendrecv_v2`, else
-    /// `RECV` (whose data is never compressed).
-    fn recv_mode(&self, compression: wire::Compression) -> Option<wire::Compression> {
-        self.features.sendrecv_v2.then_some(compression)
-    }
-
     /// `remote`'s metadata, symlinks followed, with the `RECV` of it in the
     /// same write when the device refuses at once a `RECV` of anything it
-    /// cannot stream (oxadbd's `oxadb_recv_ahead`): a file's data then
-    /// follows the reply without another round trip (docs/protocol.md,
-    /// "Pulls in two round trips"). The caller pulls `remote` next with
-    /// the same `compression` or calls [`SyncSession::drop_recv_ahead`].
-    pub(crate) async fn stat_with_recv_ahead(
+    /// cannot stream (`Client::stat_for_pull`): a file's data then follows
+    /// the reply without another round trip. The caller pulls `remote` next
+    /// with the same `compression` or calls [`SyncSession::drop_recv_ahead`].
+    pub(crate) async fn stat_for_pull(
         &mut self,
         remote: &[u8],
         compression: wire::Compression,
     ) -> Result<StatReply> {
-        if !(self.features.recv_ahead && self.features.stat_v2) {
-            return self.stat_follow(remote).await;
-        }
         self.settle().await?;
-        let recv = self.recv_mode(compression);
         self.client
-            .stat_with_recv_ahead(remote, recv)
+            .stat_for_pull(remote, compression)
             .map_err(|e| self.request_error(e))?;
         self.flush().await?;
         self.read_stat_reply().await
@@ -136,12 +125,11 @@ impl SyncSession {
         attributes: Option<PulledAttributes>,
         progress: &mut dyn Progress,
     ) -> Result<u64> {
-        let recv = self.recv_mode(compression);
-        let compression = recv.unwrap_or(wire::Compression::None);
         let ticket = self
             .client
-            .start_pull(remote, recv)
+            .start_pull(remote, compression)
             .map_err(|e| self.transfer_request_error(e, local, remote))?;
+        let compression = ticket.compression();
 
         let target_path = local.to_path_buf();
         let target = tokio::task::spawn_blocking(move || {

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use oxadb_io::WriteChunk;
 use oxadb_transfer::{Framing, SendError, Source};
-use oxadb_wire::sync::{self as wire, TransferFlags, HEADER_LEN};
+use oxadb_wire::sync::{self as wire, HEADER_LEN};
 use oxadb_wire::Payload;
 
 use super::codec::FrameReader;
@@ -209,9 +209,9 @@ impl SyncSession {
                 Ok(data.len() as u64)
             }
             Content::File(file) => {
-                self.push_request(local, remote, file_mode, mode)?;
+                let compression = self.push_request(local, remote, file_mode, mode)?;
                 self.write_push().await?;
-                if mode.compression == wire::Compression::None
+                if compression == wire::Compression::None
                     && oxadb_transfer::zero_copy_enabled()
                     && self.stream.takes_file_ranges()
                 {
@@ -228,37 +228,28 @@ impl SyncSession {
                         return self.send_ranges(local, source, mtime, progress).await;
                     }
                     let file = source.into_file();
-                    return self.send_copying(local, file, mode, mtime, progress).await;
+                    return self
+                        .send_copying(local, file, compression, mtime, progress)
+                        .await;
                 }
-                self.send_copying(local, file, mode, mtime, progress).await
+                self.send_copying(local, file, compression, mtime, progress)
+                    .await
             }
         }
     }
 
-    /// Queues a push's request: `SND2` and its setup frame when the device
-    /// has `sendrecv_v2`, else `SEND` (adb 29's only form, which has no dry run).
+    /// Queues a push's request (`SND2`, or `SEND` on a device without it);
+    /// returns the compression its data must have.
     fn push_request(
         &mut self,
         local: &Path,
         remote: &[u8],
         file_mode: u32,
         mode: SendMode,
-    ) -> Result<()> {
-        let flags = if self.features.sendrecv_v2 {
-            Some(TransferFlags {
-                compression: mode.compression,
-                dry_run: mode.dry_run,
-            })
-        } else if mode.dry_run {
-            return Err(transfer_error(
-                "dry-run not supported by the device".to_string(),
-            ));
-        } else {
-            None
-        };
+    ) -> Result<wire::Compression> {
         let label = local.display().to_string();
         self.client
-            .push(remote, file_mode, flags, &label)
+            .push(remote, file_mode, mode.compression, mode.dry_run, &label)
             .map_err(|e| self.transfer_request_error(e, local, remote))
     }
 
@@ -308,11 +299,11 @@ impl SyncSession {
         &mut self,
         local: &Path,
         file: std::fs::File,
-        mode: SendMode,
+        compression: wire::Compression,
         mtime: u32,
         progress: &mut dyn Progress,
     ) -> Result<u64> {
-        let mut reader = FrameReader::start(file, mode.compression);
+        let mut reader = FrameReader::start(file, compression);
         let mut sent = 0;
         while let Some(batch) = reader.next().await {
             // Appended by reference, not copied: the batch's buffer goes back

@@ -80,7 +80,7 @@ impl SyncSession {
             serial: device.serial().to_string(),
             connection: device.connection().clone(),
             features,
-            client: Client::new(),
+            client: Client::new(features.versions()),
             ranges: Default::default(),
         })
     }
@@ -230,6 +230,9 @@ impl SyncSession {
             if !self.client.awaits_reply() {
                 return Err(self.protocol_error("waited for a reply no request asked for"));
             }
+            // A reply may have asked for another request (adb's stat
+            // fallback without STA2), which goes before waiting.
+            self.flush().await?;
             self.read().await?;
         }
     }

@@ -10,19 +10,23 @@
 //! After a failed transfer the device ends its service, and this machine
 //! ends too: further requests are refused with the reason.
 //!
-//! A new request goes here as a method that queues its bytes and an
-//! [`Expect`] for its reply, and in [`Client::poll_event`] as the reading of
-//! that reply.
+//! Which version of each request goes (`STAT` or `LST2`/`STA2`, `LIST` or
+//! `LIS2`, `SEND`/`RECV` or `SND2`/`RCV2`) is the machine's choice, from the
+//! [`Versions`] the device takes. A new request goes here as a method that
+//! queues its bytes and an [`Expect`] for its reply, and in
+//! [`Client::poll_event`] as the reading of that reply.
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
 use oxadb_wire::sync::{
-    self as wire, Compression, Dent, SyncFrameError, SyncRequest, TransferFlags,
+    self as wire, Compression, Dent, StatV2, SyncFrameError, SyncRequest, TransferFlags,
 };
 use oxadb_wire::Payload;
 
-use super::metadata::{read_list_item, read_stat_reply, ListItem, StatKind, StatReply};
+use super::metadata::{
+    read_list_item, read_stat_reply, ListItem, StatFailure, StatKind, StatReply,
+};
 use super::receive::{read_pull, recv_request, PullItem};
 use super::send::{push_request, read_ack, Ack};
 use super::{Outbox, Transmit};
@@ -31,12 +35,35 @@ use crate::Inbox;
 /// Pushes in flight before the host waits for their acknowledgements (adb's limit).
 pub const MAX_UNACKED: usize = 128;
 
+/// The request versions the device takes (its banner's features).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Versions {
+    /// `STA2`/`LST2` with 64-bit sizes and the errno on failure (`stat_v2`),
+    /// else `STAT`.
+    pub stat_v2: bool,
+    /// `LIS2` (`ls_v2`), else `LIST`.
+    pub ls_v2: bool,
+    /// `SND2`/`RCV2` (`sendrecv_v2`), else `SEND`/`RECV`.
+    pub sendrecv_v2: bool,
+    /// A `RECV` may go before the `STAT` reply it depends on: the device
+    /// refuses at once one it cannot stream (oxadbd's `oxadb_recv_ahead`).
+    pub recv_ahead: bool,
+}
+
 /// A reply the device owes, oldest first.
 #[derive(Debug)]
 enum Expect {
     Stat {
         kind: StatKind,
         path: Vec<u8>,
+    },
+    /// A stat that follows symlinks on a device without `STA2`, as adb's
+    /// fallback does it: a `STAT`, and for a symlink a `STAT` of `path/`,
+    /// which resolves only if the link points at a directory (`link` holds
+    /// the first reply once that one went).
+    StatFollow {
+        path: Vec<u8>,
+        link: Option<StatV2>,
     },
     List {
         v2: bool,
@@ -54,8 +81,8 @@ enum Expect {
 /// A reply, or a piece of one.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ClientEvent {
-    /// The answer to [`Client::stat`] (or to the stat of
-    /// [`Client::stat_with_recv_ahead`]).
+    /// The answer to [`Client::lstat`], [`Client::stat`] (or the stat of
+    /// [`Client::stat_for_pull`]), or one of [`Client::lstat_many`]'s.
     Stat(StatReply),
     /// An entry of the listing asked for with [`Client::list`] (entries the
     /// device could not `lstat` are left out).
@@ -95,6 +122,9 @@ pub enum RequestError {
     /// The session ended earlier, for this reason.
     #[error("this sync session can't be used any more: {0}")]
     Ended(String),
+    /// A dry run asked of a device without `SND2`.
+    #[error("dry-run not supported by the device")]
+    DryRunUnsupported,
     /// `path` does not fit in a request.
     #[error("{error}")]
     Path {
@@ -119,6 +149,7 @@ fn too_long(path: &[u8], error: SyncFrameError) -> RequestError {
 #[derive(Debug)]
 pub struct PullTicket {
     request: Option<Vec<u8>>,
+    compression: Compression,
 }
 
 impl PullTicket {
@@ -126,11 +157,17 @@ impl PullTicket {
     pub fn sent_ahead(&self) -> bool {
         self.request.is_none()
     }
+
+    /// How the data comes compressed (never over `RECV`).
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
 }
 
 /// The host's end of one `sync:` stream.
 #[derive(Debug, Default)]
 pub struct Client {
+    versions: Versions,
     inbox: Inbox,
     outbox: Outbox,
     expected: VecDeque<Expect>,
@@ -145,8 +182,16 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new() -> Client {
-        Client::default()
+    pub fn new(versions: Versions) -> Client {
+        Client {
+            versions,
+            ..Client::default()
+        }
+    }
+
+    /// The request versions this session uses.
+    pub fn versions(&self) -> Versions {
+        self.versions
     }
 
     /// A chunk the stream delivered, kept as it is.
@@ -219,8 +264,15 @@ impl Client {
 
     // ----- requests -----
 
-    /// A stat of `path`; its reply is a [`ClientEvent::Stat`].
-    pub fn stat(&mut self, kind: StatKind, path: &[u8]) -> Result<(), RequestError> {
+    fn lstat_kind(&self) -> StatKind {
+        if self.versions.stat_v2 {
+            StatKind::LstatV2
+        } else {
+            StatKind::LstatV1
+        }
+    }
+
+    fn queue_stat(&mut self, kind: StatKind, path: &[u8]) -> Result<(), RequestError> {
         let request = self.request(kind.id(), path)?;
         self.outbox.bytes(&request);
         self.expected.push_back(Expect::Stat {
@@ -230,9 +282,31 @@ impl Client {
         Ok(())
     }
 
-    /// Stats of `paths`, pipelined (adb's `--sync` check): all requests or,
-    /// if one path does not fit, none.
-    pub fn stat_many(&mut self, kind: StatKind, paths: &[&[u8]]) -> Result<(), RequestError> {
+    /// Metadata of `path` itself (`LST2`, or `STAT`): a [`ClientEvent::Stat`].
+    pub fn lstat(&mut self, path: &[u8]) -> Result<(), RequestError> {
+        self.queue_stat(self.lstat_kind(), path)
+    }
+
+    /// Metadata of `path`, symlinks followed: `STA2`, or without it adb's
+    /// fallback (a symlink is reported as a directory or a file of size 0,
+    /// after a second `STAT`). A [`ClientEvent::Stat`].
+    pub fn stat(&mut self, path: &[u8]) -> Result<(), RequestError> {
+        if self.versions.stat_v2 {
+            return self.queue_stat(StatKind::StatV2, path);
+        }
+        let request = self.request(wire::ID_LSTAT_V1, path)?;
+        self.outbox.bytes(&request);
+        self.expected.push_back(Expect::StatFollow {
+            path: path.to_vec(),
+            link: None,
+        });
+        Ok(())
+    }
+
+    /// `lstat`s of `paths`, pipelined (adb's `--sync` check): all requests
+    /// or, if one path does not fit, none. A [`ClientEvent::Stat`] each.
+    pub fn lstat_many(&mut self, paths: &[&[u8]]) -> Result<(), RequestError> {
+        let kind = self.lstat_kind();
         let mut requests = Vec::new();
         for path in paths {
             requests.extend_from_slice(&self.request(kind.id(), path)?);
@@ -248,7 +322,8 @@ impl Client {
     /// A listing of `path` (`LIS2` or `LIST`): [`ClientEvent::Entry`]s,
     /// then [`ClientEvent::ListDone`]. The device answers an unreadable or
     /// missing directory with an empty listing.
-    pub fn list(&mut self, v2: bool, path: &[u8]) -> Result<(), RequestError> {
+    pub fn list(&mut self, path: &[u8]) -> Result<(), RequestError> {
+        let v2 = self.versions.ls_v2;
         let id = if v2 {
             wire::ID_LIST_V2
         } else {
@@ -264,26 +339,38 @@ impl Client {
     }
 
     /// Starts a push of `remote` with the full `st_mode` `mode` (`S_IFLNK`
-    /// makes a symlink): `SND2` with `flags`, or `SEND` without. Its data
-    /// follows ([`Client::push_data`], [`Client::push_batch`]), then
-    /// [`Client::push_done`]; the answer is read later, as
+    /// makes a symlink): `SND2` with `compression` and `dry_run`, or `SEND`
+    /// (uncompressed, and no dry run). Returns the compression the data must
+    /// have. Its data follows ([`Client::push_data`], [`Client::push_batch`]),
+    /// then [`Client::push_done`]; the answer is read later, as
     /// [`ClientEvent::Acked`] or [`ClientEvent::PushFailed`] with the names
     /// given here.
     pub fn push(
         &mut self,
         remote: &[u8],
         mode: u32,
-        flags: Option<TransferFlags>,
+        compression: Compression,
+        dry_run: bool,
         local: &str,
-    ) -> Result<(), RequestError> {
+    ) -> Result<Compression, RequestError> {
         self.usable()?;
+        let flags = if self.versions.sendrecv_v2 {
+            Some(TransferFlags {
+                compression,
+                dry_run,
+            })
+        } else if dry_run {
+            return Err(RequestError::DryRunUnsupported);
+        } else {
+            None
+        };
         let request = push_request(remote, mode, flags).map_err(|e| too_long(remote, e))?;
         self.outbox.bytes(&request);
         self.expected.push_back(Expect::Ack {
             local: local.to_string(),
             remote: String::from_utf8_lossy(remote).into_owned(),
         });
-        Ok(())
+        Ok(flags.map_or(Compression::None, |flags| flags.compression))
     }
 
     /// A push's data in one `DATA` frame (at most `SYNC_DATA_MAX` bytes),
@@ -304,16 +391,26 @@ impl Client {
         self.outbox.bytes(&wire::encode_done(mtime));
     }
 
-    /// A `STA2` of `remote` with the `RECV` of it in the same write, for a
-    /// device that refuses at once a `RECV` of anything it cannot stream
-    /// (oxadbd's `oxadb_recv_ahead`): a file's data then follows the reply
-    /// without another round trip. The caller pulls `remote` next
-    /// ([`Client::start_pull`]) or gives it up ([`Client::drop_recv_ahead`]).
-    pub fn stat_with_recv_ahead(
+    /// The compression of a pull's data: `RCV2` carries it, `RECV` none.
+    fn recv_compression(&self, compression: Compression) -> Option<Compression> {
+        self.versions.sendrecv_v2.then_some(compression)
+    }
+
+    /// The stat a pull of `remote` starts with ([`Client::stat`]), and, when
+    /// the device takes it ([`Versions::recv_ahead`] with `STA2`), the `RECV`
+    /// of `remote` in the same write: a file's data then follows the reply
+    /// without another round trip (docs/protocol.md, "Pulls in two round
+    /// trips"). The caller pulls `remote` next ([`Client::start_pull`], with
+    /// the same `compression`) or gives it up ([`Client::drop_recv_ahead`]).
+    pub fn stat_for_pull(
         &mut self,
         remote: &[u8],
-        recv: Option<Compression>,
+        compression: Compression,
     ) -> Result<(), RequestError> {
+        if !(self.versions.recv_ahead && self.versions.stat_v2) {
+            return self.stat(remote);
+        }
+        let recv = self.recv_compression(compression);
         let mut requests = self.request(wire::ID_STAT_V2, remote)?;
         requests.extend_from_slice(&recv_request(remote, recv).map_err(|e| too_long(remote, e))?);
         self.outbox.bytes(&requests);
@@ -335,22 +432,28 @@ impl Client {
         }
     }
 
-    /// Checks that a pull of `remote` (`RCV2` with `recv`'s compression, or
-    /// `RECV`) can go, and whether its request was sent ahead. The adapter
-    /// prepares the destination, then [`Client::send_pull`] (or
+    /// Checks that a pull of `remote` (`RCV2` with `compression`, or `RECV`)
+    /// can go, and whether its request was sent ahead. The adapter prepares
+    /// the destination, then [`Client::send_pull`] (or
     /// [`Client::abandon_pull`]).
     pub fn start_pull(
         &mut self,
         remote: &[u8],
-        recv: Option<Compression>,
+        compression: Compression,
     ) -> Result<PullTicket, RequestError> {
         self.usable()?;
+        let recv = self.recv_compression(compression);
         let request = recv_request(remote, recv).map_err(|e| too_long(remote, e))?;
+        let compression = recv.unwrap_or(Compression::None);
         match self.recv_ahead.take() {
             None => Ok(PullTicket {
                 request: Some(request),
+                compression,
             }),
-            Some(ahead) if ahead == remote => Ok(PullTicket { request: None }),
+            Some(ahead) if ahead == remote => Ok(PullTicket {
+                request: None,
+                compression,
+            }),
             Some(ahead) => {
                 // Its reply would be read as this pull's.
                 self.end("a RECV sent ahead was followed by another pull");
@@ -402,6 +505,58 @@ impl Client {
                         reply.map(|reply| {
                             self.expected.pop_front();
                             ClientEvent::Stat(reply)
+                        })
+                    })
+                }
+                Expect::StatFollow { path, link: None } => {
+                    match read_stat_reply(&mut self.inbox, StatKind::LstatV1, path) {
+                        Ok(Some(Ok(stat))) if stat.mode & libc::S_IFMT == libc::S_IFLNK => {
+                            let mut as_dir = path.clone();
+                            as_dir.push(b'/');
+                            match self.request(wire::ID_LSTAT_V1, &as_dir) {
+                                Ok(request) => {
+                                    self.outbox.bytes(&request);
+                                    self.expected[0] = Expect::StatFollow {
+                                        path: as_dir,
+                                        link: Some(stat),
+                                    };
+                                    continue;
+                                }
+                                // "path/" is past the request limit: the stat
+                                // fails, as asking for it would have.
+                                Err(_) => {
+                                    Ok(Some(Err(StatFailure::Errno(libc::ENAMETOOLONG as u32))))
+                                }
+                            }
+                        }
+                        other => other,
+                    }
+                    .map(|reply| {
+                        reply.map(|reply| {
+                            self.expected.pop_front();
+                            ClientEvent::Stat(reply)
+                        })
+                    })
+                }
+                Expect::StatFollow {
+                    path,
+                    link: Some(link),
+                } => {
+                    let link = *link;
+                    read_stat_reply(&mut self.inbox, StatKind::LstatV1, path).map(|reply| {
+                        reply.map(|probe| {
+                            let kind = if probe.is_ok() {
+                                libc::S_IFDIR
+                            } else {
+                                libc::S_IFREG
+                            };
+                            let stat = StatV2 {
+                                mode: (link.mode & !libc::S_IFMT) | kind,
+                                size: 0,
+                                ..link
+                            };
+                            self.expected.pop_front();
+                            ClientEvent::Stat(Ok(stat))
                         })
                     })
                 }

@@ -32,7 +32,9 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use oxadb_wire::Payload;
 
-pub use client::{Client, ClientError, ClientEvent, PullTicket, RequestError, MAX_UNACKED};
+pub use client::{
+    Client, ClientError, ClientEvent, PullTicket, RequestError, Versions, MAX_UNACKED,
+};
 pub use metadata::{stat_v2_of, ListEntry, StatFailure, StatKind, StatReply};
 pub(crate) use service::up_to_nul;
 pub use service::{Action, Failure, PushRequest, Service, ServiceError};

@@ -2,10 +2,12 @@
 //! it names, the end of the stream, and hostile bytes.
 
 use bytes::Bytes;
-use oxadb_wire::sync::{self as wire, StatV2, SyncHeader, SYNC_DATA_MAX, SYNC_PATH_MAX};
+use oxadb_wire::sync::{
+    self as wire, Compression, StatV1, StatV2, SyncHeader, SYNC_DATA_MAX, SYNC_PATH_MAX,
+};
 
 use super::*;
-use crate::protocol::{RequestError, StatKind};
+use crate::protocol::{RequestError, StatFailure};
 
 fn fed(client: &mut Client, bytes: &[u8]) -> Result<Option<ClientEvent>, ClientError> {
     client.handle_input(Bytes::copy_from_slice(bytes));
@@ -19,56 +21,67 @@ fn protocol_error(message: &str) -> Result<Option<ClientEvent>, ClientError> {
 #[test]
 fn replies_to_something_else_are_protocol_errors_that_end_the_session() {
     let header = |id, len| SyncHeader::new(id, len).encode();
-    type Case = (fn(&mut Client), Vec<u8>, &'static str);
+    type Case = (Versions, fn(&mut Client), Vec<u8>, &'static str);
+    let push = |c: &mut Client| {
+        c.push(b"/x", 0o100644, Compression::None, false, "x")
+            .unwrap();
+    };
+    let pull = |c: &mut Client| {
+        let ticket = c.start_pull(b"/x", Compression::None).unwrap();
+        c.send_pull(ticket)
+    };
     let cases: Vec<Case> = vec![
         (
-            |c| c.stat(StatKind::LstatV2, b"/x").unwrap(),
+            V2,
+            |c| c.lstat(b"/x").unwrap(),
             StatV2::default().encode(wire::ID_STAT_V2).to_vec(),
             "expected a LST2 reply for '/x', got STA2",
         ),
         (
-            |c| c.stat(StatKind::LstatV1, b"/x").unwrap(),
+            V1,
+            |c| c.lstat(b"/x").unwrap(),
             StatV2::default().encode(wire::ID_LSTAT_V2)[..16].to_vec(),
             "expected a STAT reply for '/x', got LST2",
         ),
         (
-            |c| c.push(b"/x", 0o100644, None, "x").unwrap(),
+            V1,
+            push,
             header(wire::ID_OKAY, 5).to_vec(),
             "OKAY with a message length of 5",
         ),
         (
-            |c| c.push(b"/x", 0o100644, None, "x").unwrap(),
+            V2,
+            push,
             header(wire::ID_FAIL, SYNC_DATA_MAX as u32 + 1).to_vec(),
             "FAIL message of 65537 bytes",
         ),
         (
-            |c| c.push(b"/x", 0o100644, None, "x").unwrap(),
+            V2,
+            push,
             header(wire::ID_DATA, 0).to_vec(),
             "unexpected response to a push: DATA",
         ),
         (
-            |c| {
-                let ticket = c.start_pull(b"/x", None).unwrap();
-                c.send_pull(ticket)
-            },
+            V1,
+            pull,
             header(wire::ID_OKAY, 0).to_vec(),
             "expected DATA, DONE or FAIL, got OKAY",
         ),
         (
-            |c| {
-                let ticket = c.start_pull(b"/x", None).unwrap();
-                c.send_pull(ticket)
-            },
+            V2,
+            pull,
             header(wire::ID_DATA, SYNC_DATA_MAX as u32 + 1).to_vec(),
             "DATA chunk too long: 65537 bytes (limit 65536)",
         ),
         (
-            |c| c.list(true, b"/d").unwrap(),
+            V2,
+            |c| c.list(b"/d").unwrap(),
             header(wire::ID_DENT_V1, 0).to_vec(),
             "listing '/d': expected DNT2 or DONE, got DENT",
         ),
         (
-            |c| c.list(false, b"/d").unwrap(),
+            V1,
+            |c| c.list(b"/d").unwrap(),
             {
                 let mut dent = Vec::new();
                 wire::encode_dent_v1(&mut dent, 0, 0, 0, b"x");
@@ -78,14 +91,14 @@ fn replies_to_something_else_are_protocol_errors_that_end_the_session() {
             "listing '/d': entry name of 4097 bytes",
         ),
     ];
-    for (request, reply, message) in cases {
-        let mut client = Client::new();
+    for (versions, request, reply, message) in cases {
+        let mut client = Client::new(versions);
         request(&mut client);
         assert_eq!(fed(&mut client, &reply), protocol_error(message));
         assert_eq!(client.ended(), Some("protocol error"));
         assert!(!client.awaits_reply());
         assert_eq!(
-            client.stat(StatKind::StatV2, b"/"),
+            client.stat(b"/"),
             Err(RequestError::Ended("protocol error".to_string()))
         );
     }
@@ -93,23 +106,25 @@ fn replies_to_something_else_are_protocol_errors_that_end_the_session() {
 
 #[test]
 fn a_reply_cut_short_by_the_end_of_the_stream_ends_the_session() {
-    let mut client = Client::new();
-    client.stat(StatKind::StatV2, b"/x").unwrap();
+    let mut client = Client::new(V2);
+    client.stat(b"/x").unwrap();
     let reply = StatV2::default().encode(wire::ID_STAT_V2);
     assert_eq!(fed(&mut client, &reply[..40]), Ok(None));
     client.handle_eof();
     assert_eq!(client.poll_event(), Err(ClientError::Closed));
     assert_eq!(client.ended(), Some("the device closed the stream"));
     // Nothing owed: the end of the stream is no error.
-    let mut idle = Client::new();
+    let mut idle = Client::new(V2);
     idle.handle_eof();
     assert_eq!(idle.poll_event(), Ok(None));
 }
 
 #[test]
 fn pull_data_leaves_piece_by_piece_as_slices_of_the_chunks() {
-    let mut client = Client::new();
-    let ticket = client.start_pull(b"/x", None).unwrap();
+    let mut client = Client::new(V1);
+    let ticket = client.start_pull(b"/x", Compression::Zstd).unwrap();
+    // RECV carries no compression.
+    assert_eq!(ticket.compression(), Compression::None);
     client.send_pull(ticket);
     let mut frames = wire::encode_data(&[5; 300]).unwrap();
     frames.extend(wire::encode_data(b"").unwrap());
@@ -135,21 +150,23 @@ fn pull_data_leaves_piece_by_piece_as_slices_of_the_chunks() {
 
 #[test]
 fn a_path_too_long_is_refused_and_nothing_is_sent() {
-    let mut client = Client::new();
+    let mut client = Client::new(V1);
     let long = vec![b'a'; SYNC_PATH_MAX + 1];
-    let error = client.stat(StatKind::LstatV2, &long).unwrap_err();
+    let error = client.lstat(&long).unwrap_err();
     assert_eq!(error.to_string(), "path too long: 1025 bytes (limit 1024)");
-    // A push's spec counts its ",mode" too.
+    // SEND's spec counts its ",mode" too.
     let almost = vec![b'a'; SYNC_PATH_MAX - 3];
-    assert!(client.push(&almost, 0o100644, None, "x").is_err());
+    assert!(client
+        .push(&almost, 0o100644, Compression::None, false, "x")
+        .is_err());
     // A batch of stats goes whole or not at all.
     let paths: [&[u8]; 2] = [b"/fine", &long];
-    assert!(client.stat_many(StatKind::LstatV2, &paths).is_err());
+    assert!(client.lstat_many(&paths).is_err());
     assert!(client.poll_transmit().is_none());
     assert!(!client.awaits_reply());
     // The session goes on.
     assert_eq!(client.ended(), None);
-    client.stat(StatKind::LstatV2, b"/fine").unwrap();
+    client.lstat(b"/fine").unwrap();
     assert!(client.awaits_reply());
 }
 
@@ -169,15 +186,19 @@ fn hostile_replies_never_panic() {
         0x0102_0304,
     ];
     for round in 0..500 {
-        let mut client = Client::new();
+        let mut client = Client::new(if rng.chance(2) { V1 } else { V2 });
         for _ in 0..rng.between(1, 6) {
             match rng.next() % 5 {
-                0 => client.stat(StatKind::LstatV1, b"/a").unwrap(),
-                1 => client.stat(StatKind::StatV2, b"/a").unwrap(),
-                2 => client.list(rng.chance(2), b"/d").unwrap(),
-                3 => client.push(b"/p", 0o100644, None, "p").unwrap(),
+                0 => client.lstat(b"/a").unwrap(),
+                1 => client.stat(b"/a").unwrap(),
+                2 => client.list(b"/d").unwrap(),
+                3 => {
+                    client
+                        .push(b"/p", 0o100644, Compression::None, false, "p")
+                        .unwrap();
+                }
                 _ => {
-                    let ticket = client.start_pull(b"/q", None).unwrap();
+                    let ticket = client.start_pull(b"/q", Compression::None).unwrap();
                     client.send_pull(ticket);
                 }
             }
@@ -218,4 +239,57 @@ fn hostile_replies_never_panic() {
         );
         rng.next();
     }
+}
+
+#[test]
+fn without_sta2_a_symlink_is_asked_about_again_with_a_slash() {
+    let reply = |mode: u32, size: u32| {
+        StatV1 {
+            mode,
+            size,
+            mtime: 7,
+        }
+        .encode()
+    };
+    for (probe, kind) in [
+        (reply(0o40755, 4096), libc::S_IFDIR),
+        (StatV1::default().encode(), libc::S_IFREG),
+    ] {
+        let mut client = Client::new(V1);
+        client.stat(b"/l").unwrap();
+        let first = client.poll_transmit().unwrap().into_bytes();
+        assert_eq!(&first[..], b"STAT\x02\0\0\0/l");
+        assert_eq!(fed(&mut client, &reply(0o120777, 9)), Ok(None));
+        // The second STAT goes on its own, for "path/".
+        let second = client.poll_transmit().unwrap().into_bytes();
+        assert_eq!(&second[..], b"STAT\x03\0\0\0/l/");
+        let Ok(Some(ClientEvent::Stat(Ok(stat)))) = fed(&mut client, &probe) else {
+            panic!("no stat");
+        };
+        assert_eq!((stat.mode, stat.size, stat.mtime), (kind | 0o777, 0, 7));
+        assert!(!client.awaits_reply());
+    }
+    // A path at the request limit leaves no room for the slash.
+    let mut client = Client::new(V1);
+    let long = vec![b'a'; SYNC_PATH_MAX];
+    client.stat(&long).unwrap();
+    assert_eq!(
+        fed(&mut client, &reply(0o120777, 9)),
+        Ok(Some(ClientEvent::Stat(Err(StatFailure::Errno(
+            libc::ENAMETOOLONG as u32
+        )))))
+    );
+    // Not a link: the first answer is the answer.
+    let mut client = Client::new(V1);
+    client.stat(b"/f").unwrap();
+    assert_eq!(
+        fed(&mut client, &reply(0o100644, 3)),
+        Ok(Some(ClientEvent::Stat(Ok(StatV2 {
+            mode: 0o100644,
+            size: 3,
+            mtime: 7,
+            ctime: 7,
+            ..StatV2::default()
+        }))))
+    );
 }

@@ -25,9 +25,9 @@ use std::path::Path;
 use bytes::Bytes;
 use oxadb_wire::sync::Compression;
 
-use oxadb_wire::sync::{TransferFlags, SYNC_DATA_MAX};
+use oxadb_wire::sync::SYNC_DATA_MAX;
 
-use super::{Action, Client, ClientError, ClientEvent, Failure, Service, ServiceError};
+use super::{Action, Client, ClientError, ClientEvent, Failure, Service, ServiceError, Versions};
 use crate::serve::{self, PushJob};
 use crate::{handoff, Chunk, ChunkReader, Framing, Policy};
 
@@ -363,14 +363,31 @@ pub(super) struct Pair {
 /// The mtime the host's pushes carry.
 pub(super) const PUSH_MTIME: u32 = 1_600_000_000;
 
+/// Every request's second version (`STA2`/`LST2`, `LIS2`, `SND2`/`RCV2`).
+pub(super) const V2: Versions = Versions {
+    stat_v2: true,
+    ls_v2: true,
+    sendrecv_v2: true,
+    recv_ahead: false,
+};
+
+/// Only the original requests (`STAT`, `LIST`, `SEND`, `RECV`), as adb 29's
+/// devices take.
+pub(super) const V1: Versions = Versions {
+    stat_v2: false,
+    ls_v2: false,
+    sendrecv_v2: false,
+    recv_ahead: false,
+};
+
 impl Pair {
-    pub(super) fn new() -> Pair {
-        Pair::with_cuts(Cuts::Whole, Cuts::Whole)
+    pub(super) fn new(versions: Versions) -> Pair {
+        Pair::with_cuts(versions, Cuts::Whole, Cuts::Whole)
     }
 
-    pub(super) fn with_cuts(to_daemon: Cuts, to_host: Cuts) -> Pair {
+    pub(super) fn with_cuts(versions: Versions, to_daemon: Cuts, to_host: Cuts) -> Pair {
         Pair {
-            client: Client::new(),
+            client: Client::new(versions),
             daemon: Daemon::new(to_daemon),
             to_host,
             sent_to_host: Vec::new(),
@@ -380,8 +397,10 @@ impl Pair {
     }
 
     /// Moves bytes both ways until neither side has anything to say; the
-    /// daemon's end closes the host's stream, as adbd closes it.
-    pub(super) fn drive(&mut self) {
+    /// daemon's end closes the host's stream, as adbd closes it. Whether
+    /// anything moved.
+    pub(super) fn drive(&mut self) -> bool {
+        let mut any = false;
         loop {
             let mut moved = false;
             while let Some(transmit) = self.client.poll_transmit() {
@@ -402,8 +421,9 @@ impl Pair {
                 moved = true;
             }
             if !moved {
-                return;
+                return any;
             }
+            any = true;
         }
     }
 
@@ -413,10 +433,18 @@ impl Pair {
         self.drive();
     }
 
-    /// The host's next event; `None` when nothing more comes.
+    /// The host's next event; `None` when nothing more comes. Reading a
+    /// reply may queue another request (adb's stat fallback), which goes
+    /// before the host waits again.
     pub(super) fn event(&mut self) -> Option<Result<ClientEvent, ClientError>> {
-        self.drive();
-        self.client.poll_event().transpose()
+        loop {
+            if let Some(event) = self.client.poll_event().transpose() {
+                return Some(event);
+            }
+            if !self.drive() {
+                return None;
+            }
+        }
     }
 
     /// The next event, which must come and be no error.
@@ -429,40 +457,40 @@ impl Pair {
 
     /// Pushes `data` to `remote` as oxadb does: a small file in one `DATA`
     /// frame with its request, never compressed; a larger one read from a
-    /// local file into batches of frames (compressed as `flags` say). The
-    /// answer: `Ok` for `OKAY`, else the `FAIL` text.
+    /// local file into batches of frames (compressed as the request allows).
+    /// The answer: `Ok` for `OKAY`, else the `FAIL` text.
     pub(super) fn push(
         &mut self,
         remote: &[u8],
         mode: u32,
-        flags: Option<TransferFlags>,
+        compression: Compression,
         data: &[u8],
     ) -> Result<(), String> {
-        self.push_unacked(remote, mode, flags, data);
+        self.push_unacked(remote, mode, compression, false, data)
+            .unwrap();
         self.ack()
     }
 
-    /// [`Pair::push`] without waiting for the answer.
+    /// [`Pair::push`] without waiting for the answer, dry run or not.
     pub(super) fn push_unacked(
         &mut self,
         remote: &[u8],
         mode: u32,
-        flags: Option<TransferFlags>,
+        compression: Compression,
+        dry_run: bool,
         data: &[u8],
-    ) {
+    ) -> Result<(), super::RequestError> {
         if data.len() < SYNC_DATA_MAX {
-            let flags = flags.map(|flags| TransferFlags {
-                compression: Compression::None,
-                ..flags
-            });
-            self.client.push(remote, mode, flags, "local").unwrap();
+            self.client
+                .push(remote, mode, Compression::None, dry_run, "local")?;
             self.client.push_data(data);
         } else {
-            self.client.push(remote, mode, flags, "local").unwrap();
+            let compression = self
+                .client
+                .push(remote, mode, compression, dry_run, "local")?;
             let local = self.scratch.path().join("local");
             fs::write(&local, data).unwrap();
             let file = fs::File::open(&local).unwrap();
-            let compression = flags.map_or(Compression::None, |flags| flags.compression);
             let mut batches = Vec::new();
             crate::send_frames(
                 &file,
@@ -480,6 +508,7 @@ impl Pair {
             }
         }
         self.client.push_done(PUSH_MTIME);
+        Ok(())
     }
 
     /// The answer to the oldest push.
@@ -491,16 +520,17 @@ impl Pair {
         }
     }
 
-    /// Pulls `remote` (`RCV2` with `recv`'s compression, or `RECV`) and
-    /// decodes it as the host does; the `FAIL` text if it failed.
+    /// Pulls `remote` (`RCV2` with `compression`, or `RECV`) and decodes it
+    /// as the host does; the `FAIL` text if it failed.
     pub(super) fn pull(
         &mut self,
         remote: &[u8],
-        recv: Option<Compression>,
+        compression: Compression,
     ) -> Result<Vec<u8>, String> {
-        let ticket = self.client.start_pull(remote, recv).unwrap();
+        let ticket = self.client.start_pull(remote, compression).unwrap();
+        let compression = ticket.compression();
         self.client.send_pull(ticket);
-        self.pulled(recv.unwrap_or(Compression::None))
+        self.pulled(compression)
     }
 
     /// The data of a pull whose request went, decoded.
@@ -529,9 +559,19 @@ impl Pair {
         Ok(out)
     }
 
-    /// A stat's answer.
-    pub(super) fn stat(&mut self, kind: super::StatKind, path: &[u8]) -> super::StatReply {
-        self.client.stat(kind, path).unwrap();
+    /// The answer to [`Client::lstat`].
+    pub(super) fn lstat(&mut self, path: &[u8]) -> super::StatReply {
+        self.client.lstat(path).unwrap();
+        self.stat_reply()
+    }
+
+    /// The answer to [`Client::stat`].
+    pub(super) fn stat(&mut self, path: &[u8]) -> super::StatReply {
+        self.client.stat(path).unwrap();
+        self.stat_reply()
+    }
+
+    pub(super) fn stat_reply(&mut self) -> super::StatReply {
         match self.expect_event() {
             ClientEvent::Stat(reply) => reply,
             other => panic!("expected a stat reply, got {other:?}"),
@@ -539,8 +579,8 @@ impl Pair {
     }
 
     /// A listing's entries.
-    pub(super) fn list(&mut self, v2: bool, path: &[u8]) -> Vec<oxadb_wire::sync::Dent> {
-        self.client.list(v2, path).unwrap();
+    pub(super) fn list(&mut self, path: &[u8]) -> Vec<oxadb_wire::sync::Dent> {
+        self.client.list(path).unwrap();
         let mut entries = Vec::new();
         loop {
             match self.expect_event() {

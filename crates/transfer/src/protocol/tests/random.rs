@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::fs;
 
-use oxadb_wire::sync::{Compression, TransferFlags};
+use oxadb_wire::sync::Compression;
 
 use super::*;
-use crate::protocol::{StatFailure, StatKind};
+use crate::protocol::StatFailure;
 
 /// A size worth trying: empty, small, around a frame, a few frames.
 fn random_size(rng: &mut Rng) -> usize {
@@ -23,17 +23,19 @@ fn random_size(rng: &mut Rng) -> usize {
     }
 }
 
-/// A request version: `SEND`/`RECV`, or `SND2`/`RCV2` with a compression.
-fn random_version(rng: &mut Rng) -> (Option<TransferFlags>, Option<Compression>) {
-    if rng.chance(3) {
-        return (None, None);
+/// A compression to ask for (which `SEND`/`RECV` do without).
+fn random_compression(rng: &mut Rng) -> Compression {
+    ALL_COMPRESSIONS[rng.between(0, ALL_COMPRESSIONS.len() - 1)]
+}
+
+/// The request versions of a device: each on or off.
+fn random_versions(rng: &mut Rng) -> Versions {
+    Versions {
+        stat_v2: rng.chance(2),
+        ls_v2: rng.chance(2),
+        sendrecv_v2: rng.chance(2),
+        recv_ahead: false,
     }
-    let compression = ALL_COMPRESSIONS[rng.between(0, ALL_COMPRESSIONS.len() - 1)];
-    let flags = TransferFlags {
-        compression,
-        dry_run: false,
-    };
-    (Some(flags), Some(compression))
 }
 
 fn random_data(rng: &mut Rng, len: usize) -> Vec<u8> {
@@ -59,7 +61,9 @@ fn random_sessions_cut_at_random_points() {
         let dir = tempfile::tempdir().unwrap();
         let name_of = |i: usize| format!("f{i}");
         let remote = |name: &str| bytes_of(&dir.path().join(name));
+        let versions = random_versions(&mut rng);
         let mut pair = Pair::with_cuts(
+            versions,
             Cuts::Random(Rng::new(rng.next())),
             Cuts::Random(Rng::new(rng.next())),
         );
@@ -72,8 +76,8 @@ fn random_sessions_cut_at_random_points() {
                     let name = name_of(rng.between(0, 4));
                     let size = random_size(&mut rng);
                     let data = random_data(&mut rng, size);
-                    let (flags, _) = random_version(&mut rng);
-                    pair.push(&remote(&name), libc::S_IFREG | 0o644, flags, &data)
+                    let compression = random_compression(&mut rng);
+                    pair.push(&remote(&name), libc::S_IFREG | 0o644, compression, &data)
                         .unwrap_or_else(|e| panic!("{context}: {e}"));
                     model.insert(name, data);
                 }
@@ -84,8 +88,15 @@ fn random_sessions_cut_at_random_points() {
                         let name = name_of(rng.between(0, 4));
                         let size = random_size(&mut rng);
                         let data = random_data(&mut rng, size);
-                        let (flags, _) = random_version(&mut rng);
-                        pair.push_unacked(&remote(&name), libc::S_IFREG | 0o600, flags, &data);
+                        let compression = random_compression(&mut rng);
+                        pair.push_unacked(
+                            &remote(&name),
+                            libc::S_IFREG | 0o600,
+                            compression,
+                            false,
+                            &data,
+                        )
+                        .unwrap();
                         model.insert(name, data);
                     }
                     for _ in 0..count {
@@ -94,8 +105,8 @@ fn random_sessions_cut_at_random_points() {
                 }
                 3 => {
                     let name = name_of(rng.between(0, 6));
-                    let (_, recv) = random_version(&mut rng);
-                    let pulled = pair.pull(&remote(&name), recv);
+                    let compression = random_compression(&mut rng);
+                    let pulled = pair.pull(&remote(&name), compression);
                     match model.get(&name) {
                         Some(data) => assert!(
                             pulled.as_ref() == Ok(data),
@@ -118,19 +129,21 @@ fn random_sessions_cut_at_random_points() {
                 }
                 4 => {
                     let name = name_of(rng.between(0, 6));
-                    let kinds = [StatKind::LstatV1, StatKind::LstatV2, StatKind::StatV2];
-                    let kind = kinds[rng.between(0, 2)];
-                    let reply = pair.stat(kind, &remote(&name));
-                    match (model.get(&name), kind) {
-                        (Some(data), _) => {
+                    let reply = if rng.chance(2) {
+                        pair.lstat(&remote(&name))
+                    } else {
+                        pair.stat(&remote(&name))
+                    };
+                    match model.get(&name) {
+                        Some(data) => {
                             let stat = reply.unwrap_or_else(|e| panic!("{context}: {e:?}"));
                             assert_eq!(stat.size, data.len() as u64, "{context}");
                             assert_eq!(stat.mtime, i64::from(PUSH_MTIME), "{context}");
                         }
-                        (None, StatKind::LstatV1) => {
+                        None if !versions.stat_v2 => {
                             assert_eq!(reply, Err(StatFailure::Unknown), "{context}")
                         }
-                        (None, _) => assert_eq!(
+                        None => assert_eq!(
                             reply,
                             Err(StatFailure::Errno(libc::ENOENT as u32)),
                             "{context}"
@@ -138,9 +151,8 @@ fn random_sessions_cut_at_random_points() {
                     }
                 }
                 _ => {
-                    let v2 = rng.chance(2);
                     let mut names: Vec<String> = pair
-                        .list(v2, &bytes_of(dir.path()))
+                        .list(&bytes_of(dir.path()))
                         .into_iter()
                         .map(|dent| String::from_utf8(dent.name).unwrap())
                         .filter(|name| name != "." && name != "..")

@@ -4,8 +4,8 @@
 
 use std::io::{self, IoSlice};
 
-use bytes::{Bytes, BytesMut};
-use oxadb_wire::{Part, Payload, HEADER_LEN};
+use bytes::Bytes;
+use oxadb_wire::{Payload, HEADER_LEN};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// One packet ready for the wire: its encoded header and its payload, which
@@ -119,22 +119,6 @@ impl ReadRanges for Payload {
     }
 
     fn read_into_bytes(self) -> io::Result<Bytes> {
-        if let Some(bytes) = self.as_bytes() {
-            return Ok(bytes.clone());
-        }
-        let mut out = BytesMut::with_capacity(self.len());
-        for part in self.parts() {
-            match part {
-                Part::Bytes(bytes) => out.extend_from_slice(bytes),
-                Part::File(range) => {
-                    let start = out.len();
-                    out.resize(start + range.len, 0);
-                    range
-                        .source
-                        .read_exact_at(&mut out[start..], range.offset)?;
-                }
-            }
-        }
-        Ok(out.freeze())
+        self.gather_with(|range, buf| range.source.read_exact_at(buf, range.offset))
     }
 }

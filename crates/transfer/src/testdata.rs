@@ -1,7 +1,7 @@
 //! Test data for the crate's tests.
 
-use bytes::{Bytes, BytesMut};
-use oxadb_wire::{Part, Payload};
+use bytes::Bytes;
+use oxadb_wire::Payload;
 
 /// Compressible but not trivial: runs of one byte mixed with pseudo-random bytes.
 pub(crate) fn sample(len: usize) -> Vec<u8> {
@@ -24,19 +24,7 @@ pub(crate) fn sample(len: usize) -> Vec<u8> {
 /// The bytes a writer sends for `payload`, its file ranges read (what
 /// `oxadb_io::ReadRanges` does for the copying path).
 pub(crate) fn read_ranges(payload: Payload) -> Bytes {
-    let mut out = BytesMut::with_capacity(payload.len());
-    for part in payload.parts() {
-        match part {
-            Part::Bytes(bytes) => out.extend_from_slice(bytes),
-            Part::File(range) => {
-                let start = out.len();
-                out.resize(start + range.len, 0);
-                range
-                    .source
-                    .read_exact_at(&mut out[start..], range.offset)
-                    .unwrap();
-            }
-        }
-    }
-    out.freeze()
+    payload
+        .gather_with(|range, buf| range.source.read_exact_at(buf, range.offset))
+        .unwrap()
 }

@@ -252,6 +252,30 @@ impl Payload {
         }
     }
 
+    /// The payload as one buffer, each file range filled by `read` (given
+    /// the range and its place in the buffer): the layout is this crate's,
+    /// the reading the caller's (`oxadb_io::ReadRanges` on the copying path).
+    pub fn gather_with(
+        &self,
+        mut read: impl FnMut(&FileRange, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Bytes> {
+        if let Some(bytes) = self.as_bytes() {
+            return Ok(bytes.clone());
+        }
+        let mut out = BytesMut::with_capacity(self.len());
+        for part in self.parts() {
+            match part {
+                Part::Bytes(bytes) => out.extend_from_slice(bytes),
+                Part::File(range) => {
+                    let start = out.len();
+                    out.resize(start + range.len, 0);
+                    read(range, &mut out[start..])?;
+                }
+            }
+        }
+        Ok(out.freeze())
+    }
+
     /// The payload as one buffer, when none of it is a file range (those
     /// are read by the connection's writer, `oxadb_io::ReadRanges`).
     pub fn in_memory(self) -> Option<Bytes> {
@@ -299,21 +323,10 @@ mod tests {
 
     /// The payload's bytes, its ranges read from their sources.
     fn contents(payload: &Payload) -> Vec<u8> {
-        let mut out = Vec::new();
-        for part in payload.parts() {
-            match part {
-                Part::Bytes(bytes) => out.extend_from_slice(bytes),
-                Part::File(range) => {
-                    let start = out.len();
-                    out.resize(start + range.len, 0);
-                    range
-                        .source
-                        .read_exact_at(&mut out[start..], range.offset)
-                        .unwrap();
-                }
-            }
-        }
-        out
+        payload
+            .gather_with(|range, buf| range.source.read_exact_at(buf, range.offset))
+            .unwrap()
+            .to_vec()
     }
 
     #[test]

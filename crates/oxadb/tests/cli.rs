@@ -9,27 +9,18 @@ use std::time::{Duration, Instant};
 
 use oxadbd::config::{CreditMode, DaemonConfig};
 
+mod in_process;
+
 /// Starts a daemon on its own runtime thread; returns its address.
 fn start_daemon(delayed_ack: bool) -> SocketAddr {
-    let listener = StdListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let config = DaemonConfig {
-                credit: if delayed_ack {
-                    CreditMode::Adaptive
-                } else {
-                    CreditMode::Classic
-                },
-                ..DaemonConfig::with_defaults(addr).unwrap()
-            };
-            oxadbd::server::serve(listener, config).await.unwrap();
-        });
-    });
-    addr
+    in_process::start_daemon(move |addr| DaemonConfig {
+        credit: if delayed_ack {
+            CreditMode::Adaptive
+        } else {
+            CreditMode::Classic
+        },
+        ..DaemonConfig::with_defaults(addr).unwrap()
+    })
 }
 
 fn oxadb(addr: SocketAddr, burst: bool, args: &[&str]) -> Output {

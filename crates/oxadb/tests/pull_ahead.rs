@@ -11,23 +11,10 @@ use oxadb_wire::sync::{self as wire, StatV2, SyncHeader};
 use oxadb_wire::{Banner, Command as Cmd, Packet, MAX_PAYLOAD};
 
 mod scripted;
-use scripted::{read_packet, send};
+use scripted::{next_write, read_packet, send};
 
 const DEVICE_ID: u32 = 7;
 const CONTENT: &[u8] = b"hello";
-
-/// The next WRTE's payload and how many OKAYs came before it.
-fn next_write(socket: &mut TcpStream) -> (Vec<u8>, usize) {
-    let mut okays = 0;
-    loop {
-        let packet = read_packet(socket);
-        match packet.command {
-            Cmd::Okay => okays += 1,
-            Cmd::Wrte => return (packet.payload.to_vec(), okays),
-            other => panic!("expected WRTE or OKAY, got {other:?}"),
-        }
-    }
-}
 
 fn expect_okay(socket: &mut TcpStream) {
     assert_eq!(read_packet(socket).command, Cmd::Okay);

@@ -6,7 +6,7 @@
 //! The held pull is served by a scripted device that sends part of a file
 //! and then nothing; the other pulls by an in-process oxadbd.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -16,27 +16,16 @@ use oxadb_wire::sync::{self as wire, StatV2, SyncHeader};
 use oxadb_wire::{Banner, Command as Cmd, Packet, MAX_PAYLOAD};
 use oxadbd::config::DaemonConfig;
 
+mod in_process;
 mod scripted;
-use scripted::{read_packet, send};
+use scripted::{next_write, read_packet, send};
 
 const DEVICE_ID: u32 = 7;
 /// What the held pull receives of the file before the device goes quiet.
 const SENT: usize = 4096;
 
-/// Starts an oxadbd on its own runtime thread; returns its address.
 fn start_daemon() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let config = DaemonConfig::with_defaults(addr).unwrap();
-            oxadbd::server::serve(listener, config).await.unwrap();
-        });
-    });
-    addr
+    in_process::start_daemon(|addr| DaemonConfig::with_defaults(addr).unwrap())
 }
 
 /// `oxadb -s ADDR pull REMOTE LOCAL` with `home` as HOME, so that its state
@@ -63,18 +52,6 @@ fn pull(addr: SocketAddr, home: &Path, remote: &Path, local: &Path) -> Output {
     output
 }
 
-/// The next WRTE's payload, skipping OKAYs.
-fn next_write(socket: &mut TcpStream) -> Vec<u8> {
-    loop {
-        let packet = read_packet(socket);
-        match packet.command {
-            Cmd::Okay => {}
-            Cmd::Wrte => return packet.payload.to_vec(),
-            other => panic!("expected WRTE or OKAY, got {other:?}"),
-        }
-    }
-}
-
 /// A device that answers one pull with the stat of a 1 MiB file and its
 /// first [`SENT`] bytes, then holds the connection open, silent, until
 /// `release` says so.
@@ -98,7 +75,7 @@ fn holding_device(listener: TcpListener, release: mpsc::Receiver<()>) {
     let okay = || Packet::new(Cmd::Okay, DEVICE_ID, host_id, Vec::new());
     let write = |payload: Vec<u8>| Packet::new(Cmd::Wrte, DEVICE_ID, host_id, payload);
     send(&mut socket, okay());
-    let stat_request = next_write(&mut socket);
+    let (stat_request, _) = next_write(&mut socket);
     assert!(stat_request.starts_with(b"STA2"), "{stat_request:?}");
     send(&mut socket, okay());
     let stat = StatV2 {
@@ -107,7 +84,7 @@ fn holding_device(listener: TcpListener, release: mpsc::Receiver<()>) {
         ..StatV2::default()
     };
     send(&mut socket, write(stat.encode(wire::ID_STAT_V2).to_vec()));
-    let recv = next_write(&mut socket);
+    let (recv, _) = next_write(&mut socket);
     assert!(recv.starts_with(b"RCV2"), "{recv:?}");
     send(&mut socket, okay());
     let mut data = SyncHeader::new(wire::ID_DATA, SENT as u32)

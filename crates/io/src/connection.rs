@@ -10,6 +10,7 @@ use std::task::Poll;
 use oxadb_engine::{Config, Peer, Role, StreamId};
 use tokio::io::AsyncRead;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::auth::{Auth, Authentication};
 use crate::driver::{read_loop, timer_loop, write_loop, Shared, State, StreamWakers};
@@ -158,7 +159,9 @@ impl Connection {
         };
         let run = async move {
             let writer_task = tokio::spawn(write_loop(shared.clone(), sink));
-            let timer_task = tokio::spawn(timer_loop(shared.clone()));
+            // In the span the caller gave this future: a handshake timeout
+            // is logged from the timer loop.
+            let timer_task = tokio::spawn(timer_loop(shared.clone()).in_current_span());
             let error = tokio::select! {
                 error = read_loop(&shared, reader) => error,
                 _ = shared.close_requested.notified() => ConnectionError::Closed,

@@ -96,6 +96,18 @@ pub struct Config {
     /// Streams whose data waits this long for the peer's credit are closed
     /// (a deadline of [`Connection::poll_timeout`]); `None`: never.
     pub stalled_stream_timeout: Option<std::time::Duration>,
+    /// The peer must send CNXN within this of the connection's start (time
+    /// zero on the clock [`Connection::set_time`] reads: drivers start it at
+    /// accept), and finish STLS and the TLS handshake when it gets STLS;
+    /// `None`: no deadline (USB, where the host's adb server may start any
+    /// time after the cable is in). Applies until the peer is first online.
+    pub handshake_timeout: Option<std::time::Duration>,
+    /// Device role with [`Config::require_auth`]: a host that sent CNXN must
+    /// authenticate within this, counted from the connection's start when
+    /// [`Config::handshake_timeout`] bounds the handshake (docs/security.md,
+    /// "Limits": "from accept"), else from the host's first CNXN. Applies
+    /// until the host is first online; `None`: no deadline.
+    pub auth_timeout: Option<std::time::Duration>,
     /// Whether this connection moves to TLS with STLS (TCP only: adbd never
     /// sends STLS over USB). Device role: whether to send it after a host's
     /// CNXN; host role: whether to answer a device's STLS.
@@ -148,6 +160,8 @@ impl Config {
             require_auth: false,
             max_streams: DEFAULT_MAX_STREAMS,
             stalled_stream_timeout: None,
+            handshake_timeout: None,
+            auth_timeout: None,
             tls: Tls::Off,
         }
     }
@@ -265,12 +279,44 @@ pub enum Event {
     Opened(StreamId),
     /// Our OPEN was refused (the stream is gone).
     Refused(StreamId),
+    /// A deadline of the handshake ([`Config::handshake_timeout`],
+    /// [`Config::auth_timeout`]) passed with `stage` unfinished: the engine
+    /// takes no more packets and sends nothing; the driver closes the
+    /// connection. `limit` is the deadline's setting, for the log.
+    HandshakeTimedOut {
+        stage: HandshakeStage,
+        limit: std::time::Duration,
+    },
     /// Data arrived on the stream.
     Readable(StreamId),
     /// The stream can take more data from its writer.
     Writable(StreamId),
     /// The peer closed the stream; buffered data may still be read.
     Closed(StreamId),
+}
+
+/// The part of the handshake a peer did not finish in time
+/// ([`Event::HandshakeTimedOut`]). Displayed as the daemon's log has always
+/// worded it, after "closing connection: ".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeStage {
+    /// No CNXN from the peer.
+    Cnxn,
+    /// STLS was sent after the host's CNXN; the host's STLS or the TLS
+    /// handshake is missing.
+    Tls,
+    /// The host sent CNXN and has not authenticated.
+    Auth,
+}
+
+impl std::fmt::Display for HandshakeStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HandshakeStage::Cnxn => "no CNXN in time",
+            HandshakeStage::Tls => "no STLS answer and TLS handshake in time",
+            HandshakeStage::Auth => "the host did not authenticate in time",
+        })
+    }
 }
 
 /// The result of [`Connection::read`].
@@ -336,6 +382,9 @@ enum Handshake {
         /// A refused signature's next token is owed from then on (ns;
         /// [`Connection::refuse_signature`]).
         next_token_at: Option<u64>,
+        /// When the host's first CNXN of this wait arrived (ns): where
+        /// [`Config::auth_timeout`] counts from without a handshake timeout.
+        since: u64,
     },
     /// Device role: the host's CNXN was answered with STLS; its STLS comes next.
     AwaitingStls { peer: Peer },
@@ -345,6 +394,9 @@ enum Handshake {
     StartingTls { peer: Option<Peer> },
     /// CNXN exchanged: streams may open.
     Online(Peer),
+    /// A handshake deadline passed (`timers.rs`): nothing more is taken or
+    /// sent; the driver closes the connection.
+    TimedOut(HandshakeStage),
 }
 
 /// The lifecycle of one stream.
@@ -527,6 +579,9 @@ pub struct Connection {
     /// Device role: the host began TLS before its STLS reached us, which
     /// then comes inside TLS and is ignored once.
     late_stls: bool,
+    /// The peer has been online: the handshake's deadlines are over, even
+    /// when a second CNXN asks the host to authenticate again.
+    handshake_completed: bool,
 }
 
 impl Connection {
@@ -545,6 +600,7 @@ impl Connection {
             complaints: 0,
             now_ns: 0,
             late_stls: false,
+            handshake_completed: false,
         };
         if connection.config.role == Role::Host {
             // The host speaks first on every transport.
@@ -730,6 +786,10 @@ impl Connection {
     /// Handles one packet from the peer. An error means the connection must be
     /// closed (the caller logs the reason).
     pub fn handle_packet(&mut self, header: &Header, payload: Bytes) -> Result<(), ProtocolError> {
+        if matches!(self.handshake, Handshake::TimedOut(_)) {
+            // Read before the driver closed the connection: too late.
+            return Ok(());
+        }
         if self.is_online() && self.checksums() {
             let actual = oxadb_wire::packet::payload_checksum(&payload);
             if actual != header.data_crc32 {
@@ -820,15 +880,21 @@ impl Connection {
         if self.config.role == Role::Device && self.config.require_auth {
             // A CNXN (even a repeated one: the host restarted) is answered
             // only after the host proves it holds a trusted key. A delayed
-            // token still owed is sent when due, as before the CNXN.
-            let next_token_at = match self.handshake {
-                Handshake::AwaitingAuth { next_token_at, .. } => next_token_at,
-                _ => None,
+            // token still owed is sent when due, as before the CNXN, and the
+            // time to authenticate still counts from the first one.
+            let (next_token_at, since) = match self.handshake {
+                Handshake::AwaitingAuth {
+                    next_token_at,
+                    since,
+                    ..
+                } => (next_token_at, since),
+                _ => (None, self.now_ns),
             };
             self.handshake = Handshake::AwaitingAuth {
                 peer,
                 token: None,
                 next_token_at,
+                since,
             };
             self.events.push_back(Event::TokenNeeded);
             return Ok(());
@@ -890,6 +956,12 @@ impl Connection {
         }
     }
 
+    /// A handshake deadline passed ([`Event::HandshakeTimedOut`]): the
+    /// connection is given up.
+    pub fn handshake_timed_out(&self) -> bool {
+        matches!(self.handshake, Handshake::TimedOut(_))
+    }
+
     /// Device role: STLS was sent and TLS is not up yet (the host's STLS or
     /// the TLS handshake is outstanding).
     pub fn tls_pending(&self) -> bool {
@@ -921,6 +993,7 @@ impl Connection {
             self.config.banner.encode().into_bytes(),
         );
         self.handshake = Handshake::Online(peer);
+        self.handshake_completed = true;
         if self.config.role == Role::Device {
             self.control.push_back(reply);
         }
@@ -934,6 +1007,7 @@ impl Connection {
             // All AUTH is ignored once TLS is in use (AOSP adb.cpp handle_packet).
             Handshake::AwaitingStls { .. } | Handshake::StartingTls { .. } => return Ok(()),
             Handshake::AwaitingAuth { token, .. } => token,
+            Handshake::TimedOut(_) => return Ok(()),
         };
         match header.arg0 {
             AUTH_SIGNATURE => match token.take() {

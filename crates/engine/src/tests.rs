@@ -819,6 +819,191 @@ fn a_refused_signature_gets_its_next_token_after_the_delay() {
     assert_eq!(device.poll_event(), None);
 }
 
+/// A device bounded as over TCP (`handshake_timeout`, and `auth_timeout`
+/// when `require_auth`) or, with `handshake_timeout` `None`, as over USB.
+fn device_with_deadlines(
+    handshake_timeout: Option<Duration>,
+    auth_timeout: Option<Duration>,
+    require_auth: bool,
+) -> Connection {
+    let mut device_config = config(Role::Device, true);
+    device_config.handshake_timeout = handshake_timeout;
+    device_config.auth_timeout = auth_timeout;
+    device_config.require_auth = require_auth;
+    Connection::new(device_config)
+}
+
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+const AUTH_LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_peer_without_cnxn_times_out_exactly_at_the_handshake_limit() {
+    let mut device = device_with_deadlines(Some(HANDSHAKE_LIMIT), Some(AUTH_LIMIT), true);
+    assert_eq!(device.poll_timeout(), Some(HANDSHAKE_LIMIT));
+    device.handle_timeout(HANDSHAKE_LIMIT - Duration::from_nanos(1));
+    assert_eq!(device.poll_event(), None, "not before the limit");
+    assert_eq!(device.poll_timeout(), Some(HANDSHAKE_LIMIT));
+
+    device.handle_timeout(HANDSHAKE_LIMIT);
+    assert_eq!(
+        device.poll_event(),
+        Some(Event::HandshakeTimedOut {
+            stage: HandshakeStage::Cnxn,
+            limit: HANDSHAKE_LIMIT,
+        })
+    );
+    assert_eq!(device.poll_timeout(), None);
+    // A CNXN read before the driver closed the connection is not answered.
+    let mut host = Connection::new(config(Role::Host, true));
+    pass(&mut device, &mut host);
+    assert!(!device.is_online() && !device.awaiting_auth());
+    assert_eq!(device.poll_event(), None);
+    assert!(!device.has_transmit());
+}
+
+#[test]
+fn a_host_that_never_finishes_stls_times_out_at_the_handshake_limit() {
+    let (mut host, mut device) = tls_pair(Tls::Required, &[feature::SENDRECV_V2]);
+    let mut device_config = device.config().clone();
+    device_config.handshake_timeout = Some(HANDSHAKE_LIMIT);
+    device_config.auth_timeout = Some(AUTH_LIMIT);
+    device = Connection::new(device_config);
+    device.set_time(Duration::from_secs(2));
+    pass(&mut device, &mut host);
+    assert!(device.tls_pending());
+    assert_eq!(
+        device.poll_timeout(),
+        Some(HANDSHAKE_LIMIT),
+        "still from the start"
+    );
+    device.handle_timeout(HANDSHAKE_LIMIT - Duration::from_nanos(1));
+    assert_eq!(device.poll_event(), None);
+    device.handle_timeout(HANDSHAKE_LIMIT);
+    assert_eq!(
+        device.poll_event(),
+        Some(Event::HandshakeTimedOut {
+            stage: HandshakeStage::Tls,
+            limit: HANDSHAKE_LIMIT,
+        })
+    );
+    assert!(!device.has_transmit(), "the unsent STLS is dropped");
+    assert!(!device.tls_pending());
+}
+
+#[test]
+fn over_tcp_authentication_counts_from_the_start() {
+    let mut device = device_with_deadlines(Some(HANDSHAKE_LIMIT), Some(AUTH_LIMIT), true);
+    let mut host = Connection::new(config(Role::Host, true));
+    // CNXN in time, at 5 s: the handshake deadline is over, the
+    // authentication one counts from the start, not from the CNXN.
+    device.set_time(Duration::from_secs(5));
+    pass(&mut device, &mut host);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    device.send_auth_token(Bytes::from(vec![7; 20]));
+    assert_eq!(device.poll_timeout(), Some(AUTH_LIMIT));
+    device.handle_timeout(HANDSHAKE_LIMIT);
+    assert_eq!(device.poll_event(), None, "CNXN came in time");
+    device.handle_timeout(AUTH_LIMIT - Duration::from_nanos(1));
+    assert_eq!(device.poll_event(), None);
+    assert!(device.awaiting_auth());
+
+    device.handle_timeout(AUTH_LIMIT);
+    assert_eq!(
+        device.poll_event(),
+        Some(Event::HandshakeTimedOut {
+            stage: HandshakeStage::Auth,
+            limit: AUTH_LIMIT,
+        })
+    );
+    assert!(!device.has_transmit(), "the unsent token is dropped");
+    assert!(!device.awaiting_auth());
+    assert_eq!(device.poll_timeout(), None);
+    // Authorizing too late lets nobody in.
+    device.authorize();
+    assert!(!device.is_online());
+    assert_eq!(device.poll_event(), None);
+}
+
+#[test]
+fn over_usb_cnxn_has_no_deadline_and_authentication_counts_from_it() {
+    let mut device = device_with_deadlines(None, Some(AUTH_LIMIT), true);
+    assert_eq!(device.poll_timeout(), None);
+    device.handle_timeout(Duration::from_secs(3600));
+    assert_eq!(device.poll_event(), None, "the host may come any time");
+
+    let mut host = Connection::new(config(Role::Host, true));
+    let cnxn = host.poll_transmit().unwrap();
+    deliver(&mut device, &host, &cnxn).unwrap();
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    let deadline = Duration::from_secs(3600) + AUTH_LIMIT;
+    assert_eq!(device.poll_timeout(), Some(deadline));
+    // The host repeats its CNXN (its adb server restarted): the time to
+    // authenticate still counts from the first.
+    device.set_time(Duration::from_secs(3630));
+    deliver(&mut device, &host, &cnxn).unwrap();
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert_eq!(device.poll_timeout(), Some(deadline));
+    device.handle_timeout(deadline - Duration::from_nanos(1));
+    assert_eq!(device.poll_event(), None);
+    device.handle_timeout(deadline);
+    assert_eq!(
+        device.poll_event(),
+        Some(Event::HandshakeTimedOut {
+            stage: HandshakeStage::Auth,
+            limit: AUTH_LIMIT,
+        })
+    );
+}
+
+#[test]
+fn a_completed_handshake_cancels_both_deadlines() {
+    // Authenticated in time.
+    let mut device = device_with_deadlines(Some(HANDSHAKE_LIMIT), Some(AUTH_LIMIT), true);
+    let mut host = Connection::new(config(Role::Host, true));
+    pass(&mut device, &mut host);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    device.set_time(Duration::from_secs(3));
+    device.authorize();
+    assert_eq!(device.poll_event(), Some(Event::Connected));
+    assert_eq!(device.poll_timeout(), None);
+    device.handle_timeout(Duration::from_secs(3600));
+    assert_eq!(device.poll_event(), None);
+    assert!(device.is_online());
+    // A second CNXN (the host restarted) asks it to authenticate again,
+    // with no deadline: the handshake was done.
+    let cnxn = host.config().banner.encode();
+    let cnxn = Packet::new(Command::Cnxn, VERSION_SKIP_CHECKSUM, MAX_PAYLOAD, cnxn);
+    deliver(&mut device, &host, &cnxn).unwrap();
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert!(device.awaiting_auth());
+    assert_eq!(device.poll_timeout(), None);
+
+    // No authentication asked for: CNXN in time is the whole handshake.
+    let mut device = device_with_deadlines(Some(HANDSHAKE_LIMIT), Some(AUTH_LIMIT), false);
+    let mut host = Connection::new(config(Role::Host, true));
+    device.set_time(HANDSHAKE_LIMIT - Duration::from_nanos(1));
+    pass(&mut device, &mut host);
+    assert_eq!(device.poll_event(), Some(Event::Connected));
+    assert_eq!(device.poll_timeout(), None);
+    device.handle_timeout(AUTH_LIMIT);
+    assert_eq!(device.poll_event(), None);
+}
+
+#[test]
+fn no_handshake_deadline_by_default() {
+    for role in [Role::Host, Role::Device] {
+        let mut connection = Connection::new(config(role, true));
+        assert_eq!(connection.poll_timeout(), None, "{role:?}");
+        connection.handle_timeout(Duration::from_secs(1 << 20));
+        assert_eq!(connection.poll_event(), None, "{role:?}");
+    }
+    let mut device = device_with_deadlines(None, None, true);
+    let mut host = Connection::new(config(Role::Host, true));
+    pass(&mut device, &mut host);
+    assert_eq!(device.poll_event(), Some(Event::TokenNeeded));
+    assert_eq!(device.poll_timeout(), None);
+}
+
 #[test]
 fn a_peer_sending_beyond_its_credit_is_a_protocol_error() {
     for delayed_ack in [false, true] {

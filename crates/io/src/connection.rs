@@ -10,6 +10,7 @@ use std::task::Poll;
 use oxadb_engine::{Config, Peer, Role, StreamId};
 use tokio::io::AsyncRead;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::auth::{Auth, Authentication};
 use crate::driver::{read_loop, timer_loop, write_loop, Shared, State, StreamWakers};
@@ -106,18 +107,21 @@ impl Connection {
             reader,
             sink,
             oxadb_engine::Connection::new(config),
+            std::time::Instant::now(),
             label,
             auth,
         )
     }
 
     /// [`Connection::start`] with an engine that has already exchanged its
-    /// first packets ([`tls::negotiate`](crate::tls::negotiate)); events it
-    /// queued meanwhile are handled first.
+    /// first packets ([`tls::negotiate`](crate::tls::negotiate)) on a clock
+    /// that started at `started`, which goes on; events it queued meanwhile
+    /// are handled first.
     pub fn start_engine<R, S>(
         reader: R,
         sink: S,
         engine: oxadb_engine::Connection,
+        started: std::time::Instant,
         label: impl Into<String>,
         auth: Auth,
     ) -> (
@@ -146,7 +150,7 @@ impl Connection {
             drained: Notify::new(),
             deadline_moved: Notify::new(),
             label,
-            epoch: std::time::Instant::now(),
+            epoch: started,
             file_ranges: sink.takes_file_ranges(),
         });
         {
@@ -158,7 +162,9 @@ impl Connection {
         };
         let run = async move {
             let writer_task = tokio::spawn(write_loop(shared.clone(), sink));
-            let timer_task = tokio::spawn(timer_loop(shared.clone()));
+            // In the span the caller gave this future: a handshake timeout
+            // is logged from the timer loop.
+            let timer_task = tokio::spawn(timer_loop(shared.clone()).in_current_span());
             let error = tokio::select! {
                 error = read_loop(&shared, reader) => error,
                 _ = shared.close_requested.notified() => ConnectionError::Closed,
@@ -182,28 +188,32 @@ impl Connection {
         (connection, run)
     }
 
-    /// Starts a TCP connection after [`tls::negotiate`](crate::tls::negotiate):
-    /// a plaintext socket keeps [`TcpSink`]'s fast paths (file ranges by
+    /// Starts a TCP connection after [`tls::negotiate`](crate::tls::negotiate)
+    /// (the engine's clock going on from `started`, the instant given to
+    /// it): a plaintext socket keeps [`TcpSink`]'s fast paths (file ranges by
     /// `sendfile`); a TLS one copies every payload into TLS records
     /// (`tls_stream`). Both keep the socket's send buffer full. `label`
     /// names the peer in logs.
     pub fn start_tcp(
         transport: TcpTransport,
         engine: oxadb_engine::Connection,
+        started: std::time::Instant,
         label: String,
         auth: Auth,
     ) -> io::Result<(Connection, ConnectionRun)> {
         Ok(match transport {
             TcpTransport::Plain(stream) => {
                 let (reader, sink, _) = tcp_halves(stream)?;
-                let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
+                let (connection, run) =
+                    Connection::start_engine(reader, sink, engine, started, label, auth);
                 (connection, Box::pin(run))
             }
             #[cfg(feature = "tls")]
             TcpTransport::Tls { socket, session } => {
                 socket.set_nodelay(true)?;
                 let (reader, sink) = crate::tls_stream::split(socket, *session);
-                let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
+                let (connection, run) =
+                    Connection::start_engine(reader, sink, engine, started, label, auth);
                 (connection, Box::pin(run))
             }
         })

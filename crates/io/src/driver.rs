@@ -96,6 +96,12 @@ impl State {
                         wake(&mut wakers.write);
                     }
                 }
+                Event::HandshakeTimedOut { stage, limit } => {
+                    log_handshake_timeout(stage, limit);
+                    // Closed locally, as `Connection::close` does; the
+                    // timer loop, which fired it, stops the reader.
+                    self.shut(ConnectionError::Closed);
+                }
             }
         }
     }
@@ -121,6 +127,14 @@ impl State {
     }
 }
 
+/// The one log line of a connection given up for a handshake deadline, in
+/// the words and fields operators grep for (`timeout_s`, "closing
+/// connection: no CNXN in time"), wherever the timeout is handled: here or
+/// on the bare socket (`tls::negotiate`).
+pub(crate) fn log_handshake_timeout(stage: oxadb_engine::HandshakeStage, limit: Duration) {
+    tracing::warn!(timeout_s = limit.as_secs(), "closing connection: {stage}");
+}
+
 pub(crate) fn wake(slot: &mut Option<Waker>) {
     if let Some(waker) = slot.take() {
         waker.wake();
@@ -139,7 +153,8 @@ pub(crate) struct Shared {
     /// the one it sleeps until, or the connection closed.
     pub(crate) deadline_moved: Notify,
     pub(crate) label: String,
-    /// The engine's clock starts here.
+    /// The engine's clock starts here: the connection's start, so that the
+    /// handshake's deadlines count from it (`Config::handshake_timeout`).
     pub(crate) epoch: std::time::Instant,
     /// Whether the sink sends file ranges itself (`PacketSink::takes_file_ranges`).
     pub(crate) file_ranges: bool,
@@ -216,6 +231,13 @@ pub(crate) async fn timer_loop(shared: Arc<Shared>) {
         state.engine.handle_timeout(shared.epoch.elapsed());
         state.timer_deadline = state.engine.poll_timeout();
         shared.after_engine_call(&mut state);
+        if state.closed.is_some() {
+            // A handshake deadline gave the connection up: end the reader
+            // and the writer as `Connection::close` does.
+            shared.transmit.notify_one();
+            shared.close_requested.notify_one();
+            return;
+        }
     }
 }
 

@@ -9,7 +9,8 @@
 //!   [`Connection::start`], and [`Incoming`] streams;
 //! - `driver`: the shared state, the read loop, the write loop and the timer
 //!   loop, which sleeps until the engine's next deadline (stalled streams,
-//!   delayed AUTH tokens) and hands it back to the engine;
+//!   delayed AUTH tokens, the handshake's deadlines) and hands it back to
+//!   the engine;
 //! - [`stream`]: [`AdbStream`] and [`WriteChunk`];
 //! - [`sink`]: where packets go ([`PacketSink`], [`StreamSink`]) and the
 //!   copying path for file ranges ([`ReadRanges`]), and `tcp_sink`:

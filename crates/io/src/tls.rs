@@ -32,6 +32,9 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
     ServerConfig, SignatureScheme,
 };
+use std::future::Future;
+use std::time::Instant;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -476,17 +479,24 @@ impl TcpTransport {
 /// on in plaintext (a device answered CNXN with AUTH or CNXN, or a host got
 /// one of those). Packets are read exactly, header then payload, so no byte
 /// meant for TLS is consumed here. Any events the engine queued are left for
-/// the driver. Bound it with a timeout: a silent peer stalls it.
+/// the driver.
+///
+/// `started` is when the connection was accepted or made: time zero of the
+/// engine's clock, which [`Connection::start_tcp`](crate::Connection::start_tcp)
+/// goes on from. Every wait here lasts at most until the engine's deadline
+/// ([`Config::handshake_timeout`](oxadb_engine::Config)); when it passes
+/// first the timeout is logged and the result is [`ConnectionError::Closed`].
 pub async fn negotiate(
     mut stream: TcpStream,
     engine: &mut oxadb_engine::Connection,
     tls: Option<&TlsSide>,
+    started: Instant,
 ) -> Result<TcpTransport, ConnectionError> {
     if engine.role() == oxadb_engine::Role::Host {
-        return negotiate_host(stream, engine, tls).await;
+        return negotiate_host(stream, engine, tls, started).await;
     }
     loop {
-        send_pending(&mut stream, engine).await?;
+        send_pending(&mut stream, engine, started).await?;
         if engine.starting_tls() {
             break;
         }
@@ -497,7 +507,8 @@ pub async fn negotiate(
             // A TLS record (a handshake: content type 22) instead of the
             // host's STLS: adb's STLS lost a race and follows the handshake.
             let mut first = [0u8; 1];
-            if stream.peek(&mut first).await? == 1 && first[0] == TLS_HANDSHAKE_RECORD {
+            let peeked = before_deadline(engine, started, stream.peek(&mut first)).await?;
+            if peeked? == 1 && first[0] == TLS_HANDSHAKE_RECORD {
                 tracing::debug!(
                     "TLS handshake before the host's STLS; its STLS will follow in TLS"
                 );
@@ -505,28 +516,34 @@ pub async fn negotiate(
                 break;
             }
         }
-        let mut raw = [0u8; HEADER_LEN];
-        read_exact(&mut stream, &mut raw, |got| {
-            if got == 0 {
-                ConnectionError::PeerClosed
-            } else {
-                ConnectionError::TruncatedHeader(got)
-            }
+        let max_payload = engine.max_incoming_payload();
+        let (header, payload) = before_deadline(engine, started, async {
+            let mut raw = [0u8; HEADER_LEN];
+            read_exact(&mut stream, &mut raw, |got| {
+                if got == 0 {
+                    ConnectionError::PeerClosed
+                } else {
+                    ConnectionError::TruncatedHeader(got)
+                }
+            })
+            .await?;
+            let header = Header::decode(&raw, max_payload)?;
+            let mut payload = vec![0u8; header.data_length as usize];
+            read_exact(&mut stream, &mut payload, |got| {
+                ConnectionError::TruncatedPayload {
+                    command: header.command,
+                    got,
+                    expected: header.data_length as usize,
+                }
+            })
+            .await?;
+            Ok::<_, ConnectionError>((header, payload))
         })
-        .await?;
-        let header = Header::decode(&raw, engine.max_incoming_payload())?;
-        let mut payload = vec![0u8; header.data_length as usize];
-        read_exact(&mut stream, &mut payload, |got| {
-            ConnectionError::TruncatedPayload {
-                command: header.command,
-                got,
-                expected: header.data_length as usize,
-            }
-        })
-        .await?;
+        .await??;
+        engine.set_time(started.elapsed());
         engine.handle_packet(&header, payload.into())?;
     }
-    start_tls(stream, engine, tls).await
+    start_tls(stream, engine, tls, started).await
 }
 
 /// Host role: sends CNXN and looks at the device's first packet without
@@ -536,92 +553,161 @@ async fn negotiate_host(
     mut stream: TcpStream,
     engine: &mut oxadb_engine::Connection,
     tls: Option<&TlsSide>,
+    started: Instant,
 ) -> Result<TcpTransport, ConnectionError> {
     // A peer that is no ADB daemon may hang up before our CNXN is out
     // (EPIPE or a reset): what it sent, if anything, is still to be read,
     // and the driver's first-bytes check names it.
-    if let Err(error) = send_pending(&mut stream, engine).await {
-        return match error.kind() {
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+    if let Err(error) = send_pending(&mut stream, engine, started).await {
+        return match error {
+            ConnectionError::Io(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
                 Ok(TcpTransport::Plain(stream))
             }
-            _ => Err(error.into()),
+            error => Err(error),
         };
     }
     let stls = oxadb_wire::Command::Stls.as_u32().to_le_bytes();
     let mut head = [0u8; HEADER_LEN];
-    loop {
-        // A failed peek (a peer that reset the connection on our CNXN) is
-        // the driver's to report, where the first-bytes check names it.
-        let Ok(seen) = stream.peek(&mut head).await else {
-            return Ok(TcpTransport::Plain(stream));
-        };
-        let prefix = seen.min(stls.len());
-        if seen == 0 || head[..prefix] != stls[..prefix] {
-            return Ok(TcpTransport::Plain(stream));
+    let seen_stls = before_deadline(engine, started, async {
+        loop {
+            // A failed peek (a peer that reset the connection on our CNXN) is
+            // the driver's to report, where the first-bytes check names it.
+            let Ok(seen) = stream.peek(&mut head).await else {
+                return false;
+            };
+            let prefix = seen.min(stls.len());
+            if seen == 0 || head[..prefix] != stls[..prefix] {
+                return false;
+            }
+            if seen == HEADER_LEN {
+                return true;
+            }
+            // Part of a header: peek returns at once while any byte waits.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
-        if seen == HEADER_LEN {
-            break;
-        }
-        // Part of a header: peek returns at once while any byte waits.
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    })
+    .await?;
+    if !seen_stls {
+        return Ok(TcpTransport::Plain(stream));
     }
     let header = Header::decode(&head, engine.max_incoming_payload())?;
-    stream.read_exact(&mut head).await?;
-    let mut payload = vec![0u8; header.data_length as usize];
-    stream.read_exact(&mut payload).await?;
+    let payload = before_deadline(engine, started, async {
+        stream.read_exact(&mut head).await?;
+        let mut payload = vec![0u8; header.data_length as usize];
+        stream.read_exact(&mut payload).await?;
+        Ok::<_, std::io::Error>(payload)
+    })
+    .await??;
+    engine.set_time(started.elapsed());
     engine.handle_packet(&header, payload.into())?;
-    send_pending(&mut stream, engine).await?;
-    start_tls(stream, engine, tls).await
+    send_pending(&mut stream, engine, started).await?;
+    start_tls(stream, engine, tls, started).await
+}
+
+/// Runs `step`, socket I/O that leaves the engine alone, until it completes
+/// or the engine's next deadline passes. A deadline that passes hands the
+/// engine the time; when that gave the connection up (a handshake deadline:
+/// before CNXN is answered no other timer runs), the step is dropped, the
+/// timeout is logged and the result is [`ConnectionError::Closed`];
+/// otherwise the step goes on.
+async fn before_deadline<T>(
+    engine: &mut oxadb_engine::Connection,
+    started: Instant,
+    step: impl Future<Output = T>,
+) -> Result<T, ConnectionError> {
+    tokio::pin!(step);
+    loop {
+        let Some(deadline) = engine.poll_timeout() else {
+            return Ok(step.await);
+        };
+        tokio::select! {
+            outcome = &mut step => return Ok(outcome),
+            () = tokio::time::sleep_until((started + deadline).into()) => {
+                engine.handle_timeout(started.elapsed());
+                if engine.handshake_timed_out() {
+                    // The connection is given up: of its events only the
+                    // timeout matters, for the log.
+                    while let Some(event) = engine.poll_event() {
+                        if let oxadb_engine::Event::HandshakeTimedOut { stage, limit } = event {
+                            crate::driver::log_handshake_timeout(stage, limit);
+                        }
+                    }
+                    return Err(ConnectionError::Closed);
+                }
+            }
+        }
+    }
 }
 
 /// Writes every packet the engine has queued, during the handshake (before
-/// any driver owns the socket).
+/// any driver owns the socket), within the engine's deadline.
 async fn send_pending(
     stream: &mut TcpStream,
     engine: &mut oxadb_engine::Connection,
-) -> std::io::Result<()> {
+    started: Instant,
+) -> Result<(), ConnectionError> {
+    let mut packets = Vec::new();
     while let Some(packet) = engine.poll_transmit() {
-        let header = engine.header_for(&packet).encode();
-        stream.write_all(&header).await?;
-        stream.write_all(&packet.payload).await?;
+        packets.push((engine.header_for(&packet).encode(), packet.payload));
     }
+    if packets.is_empty() {
+        return Ok(());
+    }
+    before_deadline(engine, started, async {
+        for (header, payload) in &packets {
+            stream.write_all(header).await?;
+            stream.write_all(payload).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await??;
     Ok(())
 }
 
-/// Runs the TLS handshake once STLS was exchanged.
+/// Runs the TLS handshake once STLS was exchanged, within the engine's
+/// deadline.
 #[cfg(feature = "tls")]
 async fn start_tls(
     stream: TcpStream,
     engine: &mut oxadb_engine::Connection,
     tls: Option<&TlsSide>,
+    started: Instant,
 ) -> Result<TcpTransport, ConnectionError> {
     // tokio-rustls runs the handshake only; the records after it go through
     // `tls_stream`, which reads and writes the socket itself.
-    let (socket, session) = match tls {
-        Some(TlsSide::Device(config)) => {
-            let (socket, session) = tokio_rustls::TlsAcceptor::from(config.clone())
-                .accept(stream)
-                .await
-                .map_err(|error| ConnectionError::Tls(describe(&error)))?
-                .into_inner();
-            (socket, rustls::Connection::Server(session))
-        }
-        Some(TlsSide::Host(config)) => {
-            let name = ServerName::IpAddress(stream.peer_addr()?.ip().into());
-            let (socket, session) = tokio_rustls::TlsConnector::from(config.clone())
-                .connect(name, stream)
-                .await
-                .map_err(|error| ConnectionError::Tls(describe(&error)))?
-                .into_inner();
-            (socket, rustls::Connection::Client(session))
-        }
-        None => {
-            return Err(ConnectionError::Tls(
-                "STLS exchanged but this side has no TLS configuration".into(),
-            ))
-        }
+    let handshake = async {
+        Ok(match tls {
+            Some(TlsSide::Device(config)) => {
+                let (socket, session) = tokio_rustls::TlsAcceptor::from(config.clone())
+                    .accept(stream)
+                    .await
+                    .map_err(|error| ConnectionError::Tls(describe(&error)))?
+                    .into_inner();
+                (socket, rustls::Connection::Server(session))
+            }
+            Some(TlsSide::Host(config)) => {
+                let name = ServerName::IpAddress(stream.peer_addr()?.ip().into());
+                let (socket, session) = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name, stream)
+                    .await
+                    .map_err(|error| ConnectionError::Tls(describe(&error)))?
+                    .into_inner();
+                (socket, rustls::Connection::Client(session))
+            }
+            None => {
+                return Err(ConnectionError::Tls(
+                    "STLS exchanged but this side has no TLS configuration".into(),
+                ))
+            }
+        })
     };
+    let (socket, session) = before_deadline(engine, started, handshake).await??;
+    engine.set_time(started.elapsed());
     engine.tls_established();
     Ok(TcpTransport::Tls {
         socket,
@@ -636,6 +722,7 @@ async fn start_tls(
     _stream: TcpStream,
     _engine: &mut oxadb_engine::Connection,
     tls: Option<&TlsSide>,
+    _started: Instant,
 ) -> Result<TcpTransport, ConnectionError> {
     match tls {
         Some(side) => match *side {},
@@ -810,6 +897,86 @@ mod tests {
         assert_eq!(
             *refusing.seen.lock().unwrap(),
             vec![device_identity.cert.to_vec()]
+        );
+    }
+
+    /// A device engine bounded by `handshake_timeout`, with TLS required.
+    fn bounded_device(handshake_timeout: std::time::Duration) -> oxadb_engine::Connection {
+        let mut config = oxadb_engine::Config::new(
+            oxadb_engine::Role::Device,
+            oxadb_wire::Banner::new("device"),
+        );
+        config.tls = oxadb_engine::Tls::Required;
+        config.handshake_timeout = Some(handshake_timeout);
+        oxadb_engine::Connection::new(config)
+    }
+
+    /// Runs `negotiate` for a device over loopback against `host`, which
+    /// plays the host's side on the other socket and hands it back to be
+    /// kept open; returns the outcome, how long it took and the engine.
+    async fn negotiate_against<F, Fut>(
+        host: F,
+    ) -> (
+        Result<TcpTransport, ConnectionError>,
+        std::time::Duration,
+        oxadb_engine::Connection,
+    )
+    where
+        F: FnOnce(TcpStream) -> Fut,
+        Fut: std::future::Future<Output = TcpStream> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let host_socket = TcpStream::connect(address).await.unwrap();
+        let (socket, _) = listener.accept().await.unwrap();
+        let host_task = tokio::spawn(host(host_socket));
+        let side = TlsSide::Device(
+            server_config(&TlsIdentity::ephemeral("device").unwrap(), None).unwrap(),
+        );
+        let mut engine = bounded_device(std::time::Duration::from_millis(300));
+        let started = Instant::now();
+        let outcome = negotiate(socket, &mut engine, Some(&side), started).await;
+        let took = started.elapsed();
+        // Its checks passed, and its socket stayed open until now.
+        drop(host_task.await.unwrap());
+        (outcome, took, engine)
+    }
+
+    #[tokio::test]
+    async fn negotiate_gives_up_at_the_engines_handshake_deadline() {
+        // No CNXN at all.
+        let (outcome, took, engine) = negotiate_against(|socket| async move { socket }).await;
+        assert!(matches!(outcome, Err(ConnectionError::Closed)));
+        assert!(engine.handshake_timed_out());
+        assert!(
+            took >= std::time::Duration::from_millis(300)
+                && took < std::time::Duration::from_secs(2),
+            "{took:?}"
+        );
+
+        // CNXN at once, STLS back, then neither STLS nor a TLS handshake:
+        // still the deadline counted from the start.
+        let (outcome, took, engine) = negotiate_against(|mut socket| async move {
+            let cnxn = oxadb_wire::Packet::new(
+                oxadb_wire::Command::Cnxn,
+                oxadb_wire::packet::VERSION_SKIP_CHECKSUM,
+                oxadb_wire::MAX_PAYLOAD,
+                b"host::features=sendrecv_v2\0".to_vec(),
+            );
+            socket.write_all(&cnxn.header(true).encode()).await.unwrap();
+            socket.write_all(&cnxn.payload).await.unwrap();
+            let mut stls = [0u8; HEADER_LEN];
+            socket.read_exact(&mut stls).await.unwrap();
+            assert_eq!(stls[..4], oxadb_wire::Command::Stls.as_u32().to_le_bytes());
+            socket
+        })
+        .await;
+        assert!(matches!(outcome, Err(ConnectionError::Closed)));
+        assert!(engine.handshake_timed_out());
+        assert!(
+            took >= std::time::Duration::from_millis(300)
+                && took < std::time::Duration::from_secs(2),
+            "{took:?}"
         );
     }
 }

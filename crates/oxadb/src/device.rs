@@ -201,9 +201,10 @@ impl Device {
         // CNXN, and STLS and the TLS handshake if the device asks for TLS
         // (docs/protocol.md, "STLS"); any other answer is left for the driver.
         let mut engine = oxadb_engine::Connection::new(config);
+        let started = std::time::Instant::now();
         let transport = tokio::time::timeout(
             options.timeout,
-            oxadb_io::tls::negotiate(socket, &mut engine, tls.as_ref()),
+            oxadb_io::tls::negotiate(socket, &mut engine, tls.as_ref(), started),
         )
         .await
         .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
@@ -214,14 +215,15 @@ impl Device {
                 // longer connected) sent nothing an ADB daemon would.
                 let (reader, sink, _) = oxadb_io::tcp_halves(socket).map_err(setup_error)?;
                 let (reader, seen) = FirstBytes::new(reader);
-                let (connection, run) = Connection::start_engine(reader, sink, engine, label, auth);
+                let (connection, run) =
+                    Connection::start_engine(reader, sink, engine, started, label, auth);
                 tokio::spawn(run);
                 (connection, Some(seen))
             }
             tls @ oxadb_io::tls::TcpTransport::Tls { .. } => {
                 tracing::debug!(device = %serial, "TLS 1.3 established");
-                let (connection, run) =
-                    Connection::start_tcp(tls, engine, label, auth).map_err(connect_error)?;
+                let (connection, run) = Connection::start_tcp(tls, engine, started, label, auth)
+                    .map_err(connect_error)?;
                 tokio::spawn(run);
                 (connection, None)
             }

@@ -740,6 +740,9 @@ impl DaemonConfig {
         engine.require_auth = self.access.uses_keys();
         engine.max_streams = self.access.max_streams;
         engine.stalled_stream_timeout = self.access.stalled_stream_timeout;
+        // TCP's and vsock's deadlines; USB lifts the CNXN one (`server::serve_usb`).
+        engine.handshake_timeout = Some(self.access.handshake_timeout);
+        engine.auth_timeout = Some(self.access.auth_timeout);
         engine.max_payload = self.max_payload();
         // Classic streams (adb 29) buffer two packets, as with 1 MiB ones.
         engine.local_buffer = 2 * engine.max_payload as usize;

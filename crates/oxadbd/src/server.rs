@@ -1,11 +1,10 @@
 //! Accepts host connections (TCP, USB) and dispatches the streams they open
 //! to services. Every transport shares one [`Daemon`]: the engine
-//! configuration (one memory budget per process), the authenticator and the
-//! per-connection path (handshake timeouts, services).
+//! configuration (one memory budget per process, the handshake's deadlines),
+//! the authenticator and the per-connection path (services).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use oxadb_engine::{Config, MemoryBudget};
 use oxadb_ffs::{FfsError, Gadget};
@@ -199,13 +198,6 @@ impl Daemon {
     }
 }
 
-/// How a connection reached the daemon; decides the handshake's deadlines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    Tcp,
-    Usb,
-}
-
 /// Serves every connection accepted on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Result<()> {
     serve_tcp(listener, Daemon::new(config)).await
@@ -284,8 +276,9 @@ pub async fn serve_tcp_switchable(
 }
 
 /// Runs a TCP connection's first packets on the bare socket (CNXN, and STLS
-/// and the TLS handshake when `tls` asks for them, within the handshake
-/// timeout), then the connection. A host refused for TLS is logged here.
+/// and the TLS handshake when `tls` asks for them, within the engine's
+/// handshake deadline), then the connection. A host refused for TLS is
+/// logged here.
 async fn start_tcp_connection(
     daemon: Arc<Daemon>,
     socket: tokio::net::TcpStream,
@@ -317,33 +310,19 @@ async fn start_tcp_connection(
     #[cfg(not(feature = "tls"))]
     let side: Option<oxadb_io::tls::TlsSide> = None;
     let mut engine = oxadb_engine::Connection::new(engine);
-    let timeout = daemon.config.access.handshake_timeout;
-    let negotiated = tokio::time::timeout(
-        timeout,
-        oxadb_io::tls::negotiate(socket, &mut engine, side.as_ref()),
-    )
-    .await;
-    let transport = match negotiated {
-        Ok(Ok(transport)) => transport,
-        Ok(Err(error)) => {
-            tracing::warn!("closing connection: {error}");
-            return;
-        }
-        Err(_) if engine.tls_pending() => {
-            tracing::warn!(
-                timeout_s = timeout.as_secs(),
-                "closing connection: no STLS answer and TLS handshake in time"
-            );
-            return;
-        }
-        Err(_) => {
-            tracing::warn!(
-                timeout_s = timeout.as_secs(),
-                "closing connection: no CNXN in time"
-            );
-            return;
-        }
-    };
+    // Time zero of the engine's clock: the handshake's deadlines count from
+    // here, on the bare socket and in the driver alike.
+    let started = std::time::Instant::now();
+    let transport =
+        match oxadb_io::tls::negotiate(socket, &mut engine, side.as_ref(), started).await {
+            Ok(transport) => transport,
+            // A handshake deadline passed: `negotiate` logged which.
+            Err(oxadb_io::ConnectionError::Closed) => return,
+            Err(error) => {
+                tracing::warn!("closing connection: {error}");
+                return;
+            }
+        };
     if transport.is_tls() {
         tracing::info!("TLS 1.3 established: everything after STLS is encrypted");
     }
@@ -352,15 +331,16 @@ async fn start_tcp_connection(
         (Some(authenticator), true, false) => Auth::Device(authenticator.clone()),
         _ => Auth::None,
     };
-    let (connection, run) = match Connection::start_tcp(transport, engine, peer.to_string(), auth) {
-        Ok(started) => started,
-        Err(error) => {
-            tracing::warn!(%error, "could not set up connection");
-            return;
-        }
-    };
+    let (connection, run) =
+        match Connection::start_tcp(transport, engine, started, peer.to_string(), auth) {
+            Ok(running) => running,
+            Err(error) => {
+                tracing::warn!(%error, "could not set up connection");
+                return;
+            }
+        };
     tokio::spawn(run_until_closed(run, slot).in_current_span());
-    dispatch(connection, daemon, Transport::Tcp).await;
+    dispatch(connection, daemon).await;
 }
 
 /// Drives a connection to its end, then frees its slot and logs how it ended.
@@ -403,7 +383,7 @@ fn start_connection<R, S>(
     tracing::info!(%peer, key = %why, "connection accepted");
     let span = tracing::info_span!("connection", %peer);
     tokio::spawn(run_until_closed(run, slot).instrument(span.clone()));
-    tokio::spawn(dispatch(connection, daemon.clone(), Transport::Tcp).instrument(span));
+    tokio::spawn(dispatch(connection, daemon.clone()).instrument(span));
 }
 
 /// The next connection on `listener`; never, without one.
@@ -474,80 +454,21 @@ pub async fn serve_usb<G: Gadget>(gadget: G, daemon: Arc<Daemon>) -> Result<(), 
         .serves_usb
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let serving = daemon.clone();
+    let mut engine = daemon.engine.clone();
+    // The function is enabled as soon as the cable is in, and the host's adb
+    // server may start any time later: CNXN has no deadline, and
+    // `auth_timeout` counts from the host's CNXN.
+    engine.handshake_timeout = None;
     oxadb_ffs::serve(
         gadget,
-        daemon.engine.clone(),
+        engine,
         daemon.authenticator.clone(),
         move |connection| {
             let span = tracing::info_span!("connection", peer = "usb");
-            tokio::spawn(dispatch(connection, serving.clone(), Transport::Usb).instrument(span));
+            tokio::spawn(dispatch(connection, serving.clone()).instrument(span));
         },
     )
     .await
-}
-
-/// Waits for the host's CNXN (and its authentication, when required) within
-/// the configured timeouts; closes the connection otherwise.
-async fn handshake(connection: &Connection, config: &DaemonConfig, transport: Transport) -> bool {
-    let accepted = tokio::time::Instant::now();
-    let access = &config.access;
-    if transport == Transport::Usb {
-        return usb_handshake(connection, access).await;
-    }
-    let outcome = match tokio::time::timeout(access.handshake_timeout, connection.connected()).await
-    {
-        Ok(outcome) => outcome,
-        Err(_) if connection.awaiting_auth() => {
-            match tokio::time::timeout_at(accepted + access.auth_timeout, connection.connected())
-                .await
-            {
-                Ok(outcome) => outcome,
-                Err(_) => {
-                    tracing::warn!(
-                        timeout_s = access.auth_timeout.as_secs(),
-                        "closing connection: the host did not authenticate in time"
-                    );
-                    connection.close();
-                    return false;
-                }
-            }
-        }
-        Err(_) => {
-            tracing::warn!(
-                timeout_s = access.handshake_timeout.as_secs(),
-                "closing connection: no CNXN in time"
-            );
-            connection.close();
-            return false;
-        }
-    };
-    log_connected(outcome)
-}
-
-/// Over USB the function is enabled as soon as the cable is in, and the
-/// host's adb server may start any time later: CNXN has no deadline. Once a
-/// host has sent it, it has `auth_timeout` to authenticate.
-async fn usb_handshake(connection: &Connection, access: &crate::config::Access) -> bool {
-    let mut auth_deadline = None;
-    let outcome = loop {
-        match tokio::time::timeout(Duration::from_secs(1), connection.connected()).await {
-            Ok(outcome) => break outcome,
-            Err(_) if connection.awaiting_auth() => {
-                let deadline = *auth_deadline
-                    .get_or_insert_with(|| tokio::time::Instant::now() + access.auth_timeout);
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!(
-                        timeout_s = access.auth_timeout.as_secs(),
-                        "closing connection: the host did not authenticate in time"
-                    );
-                    connection.close();
-                    return false;
-                }
-            }
-            Err(_) => auth_deadline = None,
-        }
-    };
-    log_connected(outcome)
 }
 
 fn log_connected(outcome: Result<oxadb_io::Peer, oxadb_io::ConnectionError>) -> bool {
@@ -586,8 +507,10 @@ macro_rules! refusal {
     };
 }
 
-async fn dispatch(connection: Connection, daemon: Arc<Daemon>, transport: Transport) {
-    if !handshake(&connection, &daemon.config, transport).await {
+async fn dispatch(connection: Connection, daemon: Arc<Daemon>) {
+    // The engine closes a connection whose handshake misses a deadline
+    // (`Config::handshake_timeout`, `auth_timeout`), and logs it.
+    if !log_connected(connection.connected().await) {
         return;
     }
     let refusals = Arc::new(Refusals::default());

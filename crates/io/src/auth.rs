@@ -49,6 +49,10 @@ pub(crate) struct Authentication {
     /// Host role: the device challenged us and we have no more answers: it
     /// is "unauthorized" until its user accepts our public key.
     awaiting_user: bool,
+    /// Host role: our public key is queued but not yet written. Only once it
+    /// is out may a caller that does not wait for the user give up: closing
+    /// earlier drops it, and the device never shows its prompt.
+    key_offer_unsent: bool,
 }
 
 impl Authentication {
@@ -57,12 +61,18 @@ impl Authentication {
             auth,
             failures: 0,
             awaiting_user: false,
+            key_offer_unsent: false,
         }
     }
 
     /// Whether the device refused our keys and waits for its user.
     pub(crate) fn awaiting_user(&self) -> bool {
-        self.awaiting_user
+        self.awaiting_user && !self.key_offer_unsent
+    }
+
+    /// Host role: the writer has written our public key offer.
+    pub(crate) fn key_offer_written(&mut self) {
+        self.key_offer_unsent = false;
     }
 
     /// The CNXN exchange completed: nobody waits for a user any more.
@@ -84,6 +94,7 @@ impl Authentication {
         // Once our public key is offered (or nothing is left to
         // offer) only the device's user can let us in.
         self.awaiting_user = !matches!(reply, Some(AuthReply::Signature(_)));
+        self.key_offer_unsent = matches!(reply, Some(AuthReply::PublicKey(_)));
         if let Some(reply) = reply {
             engine.send_auth(reply);
         }

@@ -388,6 +388,8 @@ const MAX_IOVECS: usize = 256;
 
 pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) {
     let mut batch: Vec<OutgoingPacket> = Vec::new();
+    // Whether the batch holds our public key offer (host role).
+    let mut offers_key = false;
     loop {
         {
             let mut state = shared.lock();
@@ -409,6 +411,8 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
                         break;
                     }
                 }
+                offers_key |= packet.command == oxadb_wire::Command::Auth
+                    && packet.arg0 == oxadb_engine::AUTH_RSAPUBLICKEY;
                 let header = state.engine.header_for_outgoing(&packet).encode();
                 bytes += HEADER_LEN + packet.payload.len();
                 batch.push(OutgoingPacket {
@@ -432,6 +436,9 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
             tracing::debug!(peer = %shared.label, %error, "write failed");
             shared.lock().shut(error.into());
             break;
+        }
+        if std::mem::take(&mut offers_key) {
+            shared.lock().authentication.key_offer_written();
         }
         shared.drained.notify_one();
         crate::process::note_activity();

@@ -304,14 +304,18 @@ fn main() -> ExitCode {
         ) else {
             return run(args).await;
         };
-        // On Ctrl-C or SIGTERM the command is dropped (restoring the terminal)
-        // and half-written pull files are removed: nothing partial is left.
+        // On Ctrl-C or SIGTERM half-written pull files are removed, then the
+        // command is dropped (restoring the terminal, and closing the pull
+        // journal, which no longer has anything to find): nothing partial is left.
+        let command = run(args);
+        tokio::pin!(command);
         let signal_number = tokio::select! {
-            result = run(args) => return result,
+            result = &mut command => return result,
             _ = interrupt.recv() => libc::SIGINT,
             _ = terminate.recv() => libc::SIGTERM,
         };
         oxadb::sync::remove_unfinished_pulls();
+        drop(command);
         Ok(128 + signal_number)
     });
     // A blocking read of stdin may still be pending; do not wait for it.
@@ -347,9 +351,6 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     } else {
         args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(true)
     });
-    if let Some(durability) = args.durability {
-        oxadb_transfer::set_durability(durability);
-    }
     let mut options = ConnectOptions::default();
     if args.no_burst {
         options.credit = oxadb::CreditMode::Classic;
@@ -453,7 +454,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
             0
         }
         Command::Pull(pull) => {
-            cli::transfer::pull(&device, pull).await?;
+            cli::transfer::pull(&device, pull, args.durability.unwrap_or_default()).await?;
             0
         }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,

@@ -849,6 +849,7 @@ async fn legacy_protocol_round_trip() {
             features: Some(SyncFeatures::legacy()),
             preserve: true,
             compression: Compression::Any,
+            ..PullOptions::default()
         };
         // Without stat_v2 a dangling link looks like a file that can't be
         // opened (adb fails the same way); leave it out.

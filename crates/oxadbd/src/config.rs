@@ -284,6 +284,8 @@ pub struct DaemonConfig {
     pub access: Access,
     /// `getprop`, `reboot:` and `tcpip:` settings.
     pub device: DeviceSettings,
+    /// How far a pushed file is flushed before its `OKAY`.
+    pub durability: oxadb_transfer::Durability,
 }
 
 /// How the daemon answers Android's device services.
@@ -704,6 +706,7 @@ impl DaemonConfig {
             ack_headroom: true,
             access: Access::defaults(listen)?,
             device: DeviceSettings::default(),
+            durability: oxadb_transfer::Durability::default(),
         })
     }
 
@@ -1408,6 +1411,7 @@ mod tests {
             )
             .unwrap(),
             device: DeviceSettings::default(),
+            ..DaemonConfig::with_defaults(parse_listen(DEFAULT_LISTEN).unwrap()).unwrap()
         };
         let banner = Banner::parse(config.engine_config().banner.encode().as_bytes()).unwrap();
         assert_eq!(banner.property("ro.product.model"), Some("Board_ rev_2"));
@@ -1442,6 +1446,7 @@ mod tests {
                 ack_headroom: true,
                 access,
                 device: DeviceSettings::default(),
+                ..DaemonConfig::with_defaults(loopback).unwrap()
             }
             .engine_config()
             .require_auth

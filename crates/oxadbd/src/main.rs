@@ -446,7 +446,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     let file_credit = file.credit_mode()?;
     let file_budget = file.memory_budget()?;
     let durability = args.durability.or(file.durability()?).unwrap_or_default();
-    oxadb_transfer::set_durability(durability);
     let stop_grace = std::time::Duration::from_secs(
         args.stop_grace
             .or(file.stop_grace)
@@ -540,6 +539,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         ack_headroom: !args.no_ack_headroom && file.ack_headroom != Some(false),
         access,
         device,
+        durability,
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -665,7 +665,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         // connections have been quiet for a second (a 512 MiB board cannot
         // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
         tokio::spawn(oxadb_io::trim_when_idle(std::time::Duration::from_secs(1)));
-        let daemon = oxadbd::server::Daemon::new(config);
+        let daemon = oxadbd::server::Daemon::new(config, journal.clone());
         #[cfg(feature = "mdns")]
         if mdns {
             daemon.announce_mdns(state_dir.path());
@@ -725,8 +725,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         // files so nothing half-written is left beside a destination.
         let aborted = oxadbd::stop::active_pushes();
         let removed = oxadbd::services::sync::remove_unfinished_pushes();
-        if aborted == 0 && journal {
-            oxadb_transfer::close_journal();
+        if let Some(journal) = journal.as_ref().filter(|_| aborted == 0) {
+            journal.close();
         }
         let finished = oxadbd::stop::finished_while_stopping();
         if finished > 0 && again.is_none() {
@@ -754,10 +754,12 @@ fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Sweeps the state directory for what a killed daemon left and opens this
-/// daemon's journal; true when there is one. A directory given explicitly
-/// must work; without one, a daemon that has neither the system's nor its
-/// user's still starts (saying so).
-fn open_journal(state_dir: &config::StateDir) -> anyhow::Result<bool> {
+/// daemon's journal, if it has one. A directory given explicitly must work;
+/// without one, a daemon that has neither the system's nor its user's still
+/// starts (saying so).
+fn open_journal(
+    state_dir: &config::StateDir,
+) -> anyhow::Result<Option<std::sync::Arc<oxadb_transfer::Journal>>> {
     let prefix = oxadb_transfer::Policy::DAEMON.temp_prefix;
     let dir = match state_dir {
         config::StateDir::Given(dir) | config::StateDir::System(dir) => {
@@ -782,10 +784,10 @@ fn open_journal(state_dir: &config::StateDir) -> anyhow::Result<bool> {
                 "no state directory ({system_unusable}; {user_unusable}): temporary files \
                  of a killed daemon will not be found at start (pass --state-dir)"
             );
-            return Ok(false);
+            return Ok(None);
         }
     };
-    let sweep = oxadb_transfer::open_journal(dir, prefix)
+    let (journal, sweep) = oxadb_transfer::Journal::open(dir, prefix)
         .with_context(|| format!("opening the push journal in {}", dir.display()))?;
     for problem in &sweep.problems {
         tracing::warn!("push journal: {problem}");
@@ -800,7 +802,7 @@ fn open_journal(state_dir: &config::StateDir) -> anyhow::Result<bool> {
             sweep.removed_list(10)
         );
     }
-    Ok(true)
+    Ok(Some(std::sync::Arc::new(journal)))
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ use crate::services::{device, forward, framebuffer, reverse, serial, shell, sync
 pub struct Daemon {
     config: Arc<DaemonConfig>,
     engine: Config,
+    /// What every `sync:` stream is handed: the settings' and the journal.
+    sync: sync::SyncSettings,
     authenticator: Option<Arc<dyn Authenticator>>,
     /// The daemon's effective uid: its loopback peers need no key by default.
     euid: u32,
@@ -48,7 +50,10 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn new(config: DaemonConfig) -> Arc<Daemon> {
+    /// A daemon serving with `config`; `journal` (opened at start, see
+    /// docs/architecture.md, "transfer") records where pushes make temporary
+    /// files, so that a killed daemon's are found at the next start.
+    pub fn new(config: DaemonConfig, journal: Option<Arc<oxadb_transfer::Journal>>) -> Arc<Daemon> {
         let config = Arc::new(config);
         let mut engine = config.engine_config();
         // One budget for every connection: the limit is per process
@@ -73,10 +78,17 @@ impl Daemon {
             },
             &config.device.properties,
         );
+        let sync = sync::SyncSettings {
+            storage: oxadb_transfer::Storage {
+                durability: config.durability,
+                journal,
+            },
+        };
         Arc::new(Daemon {
             slots: Arc::new(Semaphore::new(config.access.max_connections)),
             config,
             engine,
+            sync,
             authenticator,
             euid,
             properties,
@@ -198,9 +210,10 @@ impl Daemon {
     }
 }
 
-/// Serves every connection accepted on `listener` until the task is dropped.
+/// Serves every connection accepted on `listener` until the task is dropped
+/// (without a journal: for daemons in tests).
 pub async fn serve(listener: TcpListener, config: DaemonConfig) -> std::io::Result<()> {
-    serve_tcp(listener, Daemon::new(config)).await
+    serve_tcp(listener, Daemon::new(config, None)).await
 }
 
 /// Serves TCP connections for `daemon` until the task is dropped.
@@ -555,7 +568,7 @@ async fn open_service(
         }
         DeviceService::Sync => {
             let stream = incoming.accept();
-            if let Err(error) = sync::serve(stream).await {
+            if let Err(error) = sync::serve(stream, daemon.sync.clone()).await {
                 tracing::warn!(%error, "sync service failed");
             }
         }

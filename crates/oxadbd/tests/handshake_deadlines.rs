@@ -94,7 +94,7 @@ fn daemon_config(handshake_timeout: Duration, auth_timeout: Duration) -> DaemonC
 async fn serve_tcp(config: DaemonConfig) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let daemon = oxadbd::server::Daemon::new(config);
+    let daemon = oxadbd::server::Daemon::new(config, None);
     let server = tokio::spawn(async move {
         let _ = oxadbd::server::serve_tcp(listener, daemon).await;
     });
@@ -179,7 +179,7 @@ async fn over_usb_cnxn_has_no_deadline_and_authentication_counts_from_it() {
     let handshake_timeout = Duration::from_millis(300);
     let auth_timeout = Duration::from_secs(1);
     capture_log();
-    let daemon = oxadbd::server::Daemon::new(daemon_config(handshake_timeout, auth_timeout));
+    let daemon = oxadbd::server::Daemon::new(daemon_config(handshake_timeout, auth_timeout), None);
     let (gadget, mut control) = FakeGadget::new(None);
     let server = tokio::spawn(oxadbd::server::serve_usb(gadget, daemon));
     control.send(Event::Enable);

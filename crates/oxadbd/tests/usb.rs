@@ -79,7 +79,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unplugged_mid_push_then_replugged() {
-    let daemon = oxadbd::server::Daemon::new(daemon_config(false));
+    let daemon = oxadbd::server::Daemon::new(daemon_config(false), None);
     let (gadget, mut control) = FakeGadget::new(Some(11));
     let server = tokio::spawn(oxadbd::server::serve_usb(gadget, daemon));
     control.send(Event::Bind);
@@ -133,7 +133,7 @@ async fn exec_fails(host: &Connection) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usb_host_must_authenticate_when_auth_is_on() {
-    let daemon = oxadbd::server::Daemon::new(daemon_config(true));
+    let daemon = oxadbd::server::Daemon::new(daemon_config(true), None);
     let (gadget, mut control) = FakeGadget::new(None);
     let server = tokio::spawn(oxadbd::server::serve_usb(gadget, daemon));
     control.send(Event::Enable);
@@ -166,7 +166,7 @@ async fn answer(host: &Connection, service: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usb_host_closes_the_tcp_listener_and_opens_another() {
-    let daemon = oxadbd::server::Daemon::new(daemon_config(false));
+    let daemon = oxadbd::server::Daemon::new(daemon_config(false), None);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tcp = listener.local_addr().unwrap();
     let (gadget, mut control) = FakeGadget::new(None);

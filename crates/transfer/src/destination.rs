@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 use tracing::{debug, warn};
 
 use crate::dest_error::{DestError, Step};
-use crate::durable::{durability, sync_dirs, sync_file, sync_in_place, Durability};
+use crate::durable::{sync_dirs, sync_file, sync_in_place, Durability};
 use crate::temp::{create_beside, TempEntry};
-use crate::{is_special, on_kernel_interface_fs, Policy};
+use crate::{is_special, on_kernel_interface_fs, Policy, Storage};
 
 /// How a finished file gets its mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,13 +61,15 @@ enum Kind {
 pub struct Destination {
     path: PathBuf,
     policy: Policy,
+    /// How far [`Destination::commit`] flushes.
+    durability: Durability,
     kind: Kind,
 }
 
 impl Destination {
-    /// Prepares to write `path` under `policy`. A FIFO blocks here until it
-    /// has a reader, as with adbd and adb.
-    pub fn open(path: &Path, policy: &Policy) -> Result<Destination, DestError> {
+    /// Prepares to write `path` under `policy`, stored as `storage` says. A
+    /// FIFO blocks here until it has a reader, as with adbd and adb.
+    pub fn open(path: &Path, policy: &Policy, storage: &Storage) -> Result<Destination, DestError> {
         let existing = if policy.follow_symlinks {
             fs::metadata(path)
         } else {
@@ -93,17 +95,18 @@ impl Destination {
                 .map_err(|e| DestError::new(Step::OpenInPlace, e))?;
             Kind::InPlace { file }
         } else {
-            Self::create_temp(path, policy)?
+            Self::create_temp(path, policy, storage)?
         };
         Ok(Destination {
             path: path.to_path_buf(),
             policy: *policy,
+            durability: storage.durability,
             kind,
         })
     }
 
-    fn create_temp(path: &Path, policy: &Policy) -> Result<Kind, DestError> {
-        let created = create_beside(path, policy, |candidate| {
+    fn create_temp(path: &Path, policy: &Policy, storage: &Storage) -> Result<Kind, DestError> {
+        let created = create_beside(path, policy, storage, |candidate| {
             OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -172,23 +175,19 @@ impl Destination {
     }
 
     /// Gives a complete file its attributes and, when replacing, renames it
-    /// into place, flushed to storage as this process's [`durability`] says.
-    /// On failure the temporary file is removed.
-    pub fn commit(self, attributes: Attributes) -> Result<(), DestError> {
-        self.commit_with(attributes, durability())
-    }
-
-    /// [`Destination::commit`] with the given durability: under
-    /// [`Durability::Full`] the file is fsynced, renamed, and its directory
-    /// (with any made for it) fsynced before this returns; under
+    /// into place, flushed to storage as the durability it was opened with
+    /// says: under [`Durability::Full`] the file is fsynced, renamed, and its
+    /// directory (with any made for it) fsynced before this returns; under
     /// [`Durability::Rename`] the directory is not; under
-    /// [`Durability::None`] nothing is flushed.
-    pub fn commit_with(
-        self,
-        attributes: Attributes,
-        durability: Durability,
-    ) -> Result<(), DestError> {
-        let Destination { path, policy, kind } = self;
+    /// [`Durability::None`] nothing is flushed. On failure the temporary
+    /// file is removed.
+    pub fn commit(self, attributes: Attributes) -> Result<(), DestError> {
+        let Destination {
+            path,
+            policy,
+            durability,
+            kind,
+        } = self;
         let flush_failed = |e| DestError::new(Step::SyncFile, e);
         match kind {
             Kind::InPlace { file } => sync_in_place(&file, &path, durability).map_err(flush_failed),
@@ -446,14 +445,14 @@ mod tests {
         let dest = dir.path().join("f");
         fs::write(&dest, b"old").unwrap();
         for policy in [Policy::DAEMON, Policy::HOST] {
-            let target = Destination::open(&dest, &policy).unwrap();
+            let target = Destination::open(&dest, &policy, &Storage::default()).unwrap();
             assert!(target.is_atomic() && target.is_regular_file());
             target.file().write_all(b"new").unwrap();
             assert_eq!(fs::read(&dest).unwrap(), b"old");
             drop(target);
             assert_eq!(entries(dir.path()), ["f"]);
         }
-        let target = Destination::open(&dest, &Policy::DAEMON).unwrap();
+        let target = Destination::open(&dest, &Policy::DAEMON, &Storage::default()).unwrap();
         target.file().write_all(b"new").unwrap();
         target
             .commit(Attributes {
@@ -471,7 +470,7 @@ mod tests {
     fn host_pull_gets_default_mode_minus_umask() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("pulled");
-        Destination::open(&dest, &Policy::HOST)
+        Destination::open(&dest, &Policy::HOST, &Storage::default())
             .unwrap()
             .commit(Attributes::default())
             .unwrap();
@@ -483,12 +482,15 @@ mod tests {
     fn directories_and_special_files() {
         let dir = tempfile::tempdir().unwrap();
         for policy in [Policy::DAEMON, Policy::HOST] {
-            let err = Destination::open(dir.path(), &policy).err().unwrap();
+            let err = Destination::open(dir.path(), &policy, &Storage::default())
+                .err()
+                .unwrap();
             assert_eq!(err.step, Step::Create);
             assert_eq!(err.error.raw_os_error(), Some(libc::EISDIR));
         }
         // A character device is written in place (/dev/zero discards writes).
-        let target = Destination::open(Path::new("/dev/zero"), &Policy::HOST).unwrap();
+        let target =
+            Destination::open(Path::new("/dev/zero"), &Policy::HOST, &Storage::default()).unwrap();
         assert!(!target.is_regular_file() && !target.is_atomic());
         drop(target);
         assert!(fs::metadata("/dev/zero")
@@ -501,9 +503,11 @@ mod tests {
     fn missing_parents_only_where_the_policy_says() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("a/b/f");
-        let err = Destination::open(&dest, &Policy::HOST).err().unwrap();
+        let err = Destination::open(&dest, &Policy::HOST, &Storage::default())
+            .err()
+            .unwrap();
         assert_eq!(err.error.kind(), io::ErrorKind::NotFound);
-        Destination::open(&dest, &Policy::DAEMON)
+        Destination::open(&dest, &Policy::DAEMON, &Storage::default())
             .unwrap()
             .commit(Attributes::default())
             .unwrap();
@@ -514,12 +518,14 @@ mod tests {
 
     /// The steps of committing `dest` (which gets "new") under `durability`.
     fn commit_steps(dest: &Path, durability: Durability) -> Vec<Event> {
-        let target = Destination::open(dest, &Policy::DAEMON).unwrap();
+        let storage = Storage {
+            durability,
+            journal: None,
+        };
+        let target = Destination::open(dest, &Policy::DAEMON, &storage).unwrap();
         target.file().write_all(b"new").unwrap();
         take_events();
-        target
-            .commit_with(Attributes::default(), durability)
-            .unwrap();
+        target.commit(Attributes::default()).unwrap();
         assert_eq!(fs::read(dest).unwrap(), b"new");
         take_events()
     }
@@ -593,18 +599,19 @@ mod tests {
         let target = Destination {
             path: dest.clone(),
             policy: Policy::HOST,
+            durability: Durability::Full,
             kind: Kind::Overwrite { file },
         };
         take_events();
-        target
-            .commit_with(Attributes::default(), Durability::Full)
-            .unwrap();
+        target.commit(Attributes::default()).unwrap();
         assert_eq!(take_events(), [Event::SyncFile(dest)]);
         // A character device can't be flushed (EINVAL): that is no failure.
-        let target = Destination::open(Path::new("/dev/zero"), &Policy::HOST).unwrap();
-        target
-            .commit_with(Attributes::default(), Durability::Full)
-            .unwrap();
+        let full = Storage {
+            durability: Durability::Full,
+            journal: None,
+        };
+        let target = Destination::open(Path::new("/dev/zero"), &Policy::HOST, &full).unwrap();
+        target.commit(Attributes::default()).unwrap();
         assert_eq!(take_events(), [Event::SyncFile("/dev/zero".into())]);
     }
 
@@ -617,14 +624,13 @@ mod tests {
         let target = Destination {
             path: dest.clone(),
             policy: Policy::HOST,
+            durability: Durability::None,
             kind: Kind::Overwrite { file },
         };
         target.reserve(4).unwrap();
         assert_eq!(fs::read(&dest).unwrap(), b"a longer old content");
         target.file().write_all(b"new!").unwrap();
-        target
-            .commit_with(Attributes::default(), Durability::None)
-            .unwrap();
+        target.commit(Attributes::default()).unwrap();
         assert_eq!(fs::read(&dest).unwrap(), b"new!");
     }
 

@@ -17,7 +17,6 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use tracing::debug;
 
@@ -74,27 +73,6 @@ impl FromStr for Durability {
                 "unknown durability '{other}' (expected full, rename or none)"
             )),
         }
-    }
-}
-
-static DURABILITY: AtomicU8 = AtomicU8::new(0);
-
-/// Sets the durability of every later commit of this process (`--durability`).
-pub fn set_durability(durability: Durability) {
-    let code = match durability {
-        Durability::Full => 0,
-        Durability::Rename => 1,
-        Durability::None => 2,
-    };
-    DURABILITY.store(code, Ordering::Relaxed);
-}
-
-/// This process's durability ([`Durability::Full`] unless [`set_durability`] said otherwise).
-pub fn durability() -> Durability {
-    match DURABILITY.load(Ordering::Relaxed) {
-        1 => Durability::Rename,
-        2 => Durability::None,
-        _ => Durability::Full,
     }
 }
 

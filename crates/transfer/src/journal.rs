@@ -25,20 +25,21 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
+use rustix::fs::FlockOperation;
 use tracing::{debug, warn};
 
-use crate::durable::{durability, sync_dir};
+use crate::durable::sync_dir;
 use crate::state_dir::{make_state_dir, StateDirError};
 use crate::Durability;
 
 /// Journal file names: this prefix and the owning process's id.
 const JOURNAL_PREFIX: &str = "pending-dirs.";
 
-static JOURNAL: OnceLock<Journal> = OnceLock::new();
-
-/// Temporary entries in progress, of every role this process plays.
+/// Temporary entries in progress, of every role this process plays. A static,
+/// unlike everything else here, because the path that runs on SIGINT/SIGTERM
+/// removes them, and a signal's handler cannot be handed a value.
 static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 fn unfinished() -> MutexGuard<'static, Vec<PathBuf>> {
@@ -124,8 +125,12 @@ impl Sweep {
     }
 }
 
-struct Journal {
-    /// This process's journal file.
+/// This process's journal, owned by whoever opened it (the daemon at start,
+/// an `oxadb pull`) and handed to what makes temporary entries through
+/// [`Storage`](crate::Storage).
+#[derive(Debug)]
+pub struct Journal {
+    /// This process's journal file, under an exclusive `flock` while open.
     path: PathBuf,
     prefix: &'static str,
     file: Mutex<File>,
@@ -133,160 +138,176 @@ struct Journal {
     recorded: Mutex<HashSet<PathBuf>>,
 }
 
-/// Sweeps `state_dir` (made if missing, mode 0700, and refused unless private:
-/// [`make_state_dir`]) for the journals of
-/// processes no longer running, removes the temporary entries named
-/// `<prefix><pid>.<n>` they point at whose owner is gone, and opens this
-/// process's journal. Must run before this process makes any temporary entry
-/// (a leftover carrying this process's id is taken for a dead namesake's).
-pub fn open_journal(state_dir: &Path, prefix: &'static str) -> Result<Sweep, JournalError> {
-    let io_error = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| JournalError::Io {
-            action,
+impl Journal {
+    /// Sweeps `state_dir` (made if missing, mode 0700, and refused unless
+    /// private: [`make_state_dir`]) for the journals of processes no longer
+    /// running, removes the temporary entries named `<prefix><pid>.<n>` they
+    /// point at whose owner is gone, and opens this process's journal. Must
+    /// run before this process makes any temporary entry (a leftover carrying
+    /// this process's id is taken for a dead namesake's), and only once per
+    /// process: the journal's file is named by the process id.
+    pub fn open(state_dir: &Path, prefix: &'static str) -> Result<(Journal, Sweep), JournalError> {
+        let io_error = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| JournalError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        make_state_dir(state_dir)?;
+        let me = std::process::id();
+        let path = state_dir.join(format!("{JOURNAL_PREFIX}{me}"));
+        // A second journal of this process would sweep the first's live
+        // entries as a dead namesake's: the open one holds its file locked.
+        if locked_by_open_journal(&path) {
+            return Err(JournalError::AlreadyOpen(path));
+        }
+        let mut sweep = Sweep::default();
+        let entries = fs::read_dir(state_dir).map_err(io_error("listing it", state_dir))?;
+        for entry in entries {
+            let entry = entry.map_err(io_error("listing it", state_dir))?;
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|name| name.strip_prefix(JOURNAL_PREFIX))
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            let Ok(md) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if pid != me && owner_runs(pid, &md) {
+                continue;
+            }
+            sweep.journals += 1;
+            if sweep_journal(&path, prefix, &mut sweep) {
+                if let Err(e) = fs::remove_file(&path) {
+                    sweep
+                        .problems
+                        .push(format!("couldn't remove journal '{}': {e}", path.display()));
+                }
+            }
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_error("creating its journal", &path))?;
+        // Held while the file is open: a lock belongs to the open file, so
+        // even this process's own second `open` sees it, and a dead
+        // namesake's died with it.
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(JournalError::AlreadyOpen(path)),
+            Err(e) => return Err(io_error("locking its journal", &path)(e.into())),
+        }
+        // A namesake's journal swept above was removed; this one starts empty.
+        file.set_len(0)
+            .map_err(io_error("emptying its journal", &path))?;
+        sync_dir(state_dir).map_err(io_error("syncing it", state_dir))?;
+        let journal = Journal {
             path,
-            source,
-        }
-    };
-    if let Some(journal) = JOURNAL.get() {
-        return Err(JournalError::AlreadyOpen(journal.path.clone()));
+            prefix,
+            file: Mutex::new(file),
+            recorded: Mutex::new(HashSet::new()),
+        };
+        Ok((journal, sweep))
     }
-    make_state_dir(state_dir)?;
-    let mut sweep = Sweep::default();
-    let me = std::process::id();
-    let entries = fs::read_dir(state_dir).map_err(io_error("listing it", state_dir))?;
-    for entry in entries {
-        let entry = entry.map_err(io_error("listing it", state_dir))?;
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|name| name.strip_prefix(JOURNAL_PREFIX))
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let path = entry.path();
-        let Ok(md) = fs::symlink_metadata(&path) else {
-            continue;
-        };
-        if pid != me && owner_runs(pid, &md) {
-            continue;
+
+    /// Removes this process's journal, for a process that stops: it would
+    /// only cost the next start a sweep. Kept (false) while an entry of its
+    /// prefix is unfinished: a thread may still hold it when the process
+    /// ends, and only the journal says where it is.
+    pub fn close(&self) -> bool {
+        if unfinished()
+            .iter()
+            .any(|path| has_prefix(path, self.prefix))
+        {
+            return false;
         }
-        sweep.journals += 1;
-        if sweep_journal(&path, prefix, &mut sweep) {
-            if let Err(e) = fs::remove_file(&path) {
-                sweep
-                    .problems
-                    .push(format!("couldn't remove journal '{}': {e}", path.display()));
+        match fs::remove_file(&self.path) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!("couldn't remove journal '{}': {e}", self.path.display());
+                false
             }
         }
     }
-    let path = state_dir.join(format!("{JOURNAL_PREFIX}{me}"));
-    let file = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io_error("creating its journal", &path))?;
-    // A namesake's journal swept above was removed; this one starts empty.
-    file.set_len(0)
-        .map_err(io_error("emptying its journal", &path))?;
-    sync_dir(state_dir).map_err(io_error("syncing it", state_dir))?;
-    let journal = Journal {
-        path: path.clone(),
-        prefix,
-        file: Mutex::new(file),
-        recorded: Mutex::new(HashSet::new()),
-    };
-    JOURNAL
-        .set(journal)
-        .map_err(|_| JournalError::AlreadyOpen(path))?;
-    Ok(sweep)
-}
 
-/// Removes this process's journal, for a process that stops: it would only
-/// cost the next start a sweep. Kept (false) while an entry of its prefix is
-/// unfinished: a thread may still hold it when the process ends, and only the
-/// journal says where it is.
-pub fn close_journal() -> bool {
-    let Some(journal) = JOURNAL.get() else {
-        return false;
-    };
-    if unfinished()
-        .iter()
-        .any(|path| has_prefix(path, journal.prefix))
-    {
-        return false;
-    }
-    match fs::remove_file(&journal.path) {
-        Ok(()) => true,
-        Err(e) => {
-            warn!("couldn't remove journal '{}': {e}", journal.path.display());
-            false
-        }
-    }
-}
-
-/// Records `dir` in this process's journal before a temporary entry named
-/// with `prefix` is made there. Without a journal (or for another prefix)
-/// nothing happens; a failure is logged and the transfer goes on.
-pub(crate) fn note_dir(dir: &Path, prefix: &str) {
-    let Some(journal) = JOURNAL.get() else {
-        return;
-    };
-    if journal.prefix != prefix {
-        return;
-    }
-    let dir = match std::path::absolute(dir) {
-        Ok(dir) => dir,
-        Err(e) => {
-            warn!(
-                "journal: couldn't make '{}' absolute: {e}; a leftover there would not be found",
-                dir.display()
-            );
+    /// Records `dir` before a temporary entry named with `prefix` is made
+    /// there, flushed unless `durability` is `none`. For another prefix
+    /// nothing happens; a failure is logged and the transfer goes on.
+    pub(crate) fn note_dir(&self, dir: &Path, prefix: &str, durability: Durability) {
+        if self.prefix != prefix {
             return;
         }
-    };
-    if journal.recorded().contains(&dir) {
-        return;
-    }
-    // One line per directory, NUL-terminated (a path may hold a newline);
-    // the sweep ignores a torn last line.
-    let mut line = dir.as_os_str().as_bytes().to_vec();
-    line.push(0);
-    let result = {
-        let mut file = journal
-            .file
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        file.write_all(&line).and_then(|()| {
-            if durability() == Durability::None {
-                Ok(())
-            } else {
-                file.sync_data()
+        let dir = match std::path::absolute(dir) {
+            Ok(dir) => dir,
+            Err(e) => {
+                warn!(
+                    "journal: couldn't make '{}' absolute: {e}; a leftover there would not be found",
+                    dir.display()
+                );
+                return;
             }
-        })
-    };
-    match result {
-        Ok(()) => {
-            debug!(dir = %dir.display(), "journal: recorded");
-            journal.recorded().insert(dir);
+        };
+        if self.recorded().contains(&dir) {
+            return;
         }
-        Err(e) => warn!(
-            "journal '{}': couldn't record '{}': {e}; a leftover there would not be found",
-            journal.path.display(),
-            dir.display()
-        ),
+        // One line per directory, NUL-terminated (a path may hold a newline);
+        // the sweep ignores a torn last line.
+        let mut line = dir.as_os_str().as_bytes().to_vec();
+        line.push(0);
+        let result = {
+            let mut file = self
+                .file
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            file.write_all(&line).and_then(|()| {
+                if durability == Durability::None {
+                    Ok(())
+                } else {
+                    file.sync_data()
+                }
+            })
+        };
+        match result {
+            Ok(()) => {
+                debug!(dir = %dir.display(), "journal: recorded");
+                self.recorded().insert(dir);
+            }
+            Err(e) => warn!(
+                "journal '{}': couldn't record '{}': {e}; a leftover there would not be found",
+                self.path.display(),
+                dir.display()
+            ),
+        }
     }
-}
 
-impl Journal {
     fn recorded(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
         self.recorded
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Whether an open [`Journal`] of this process holds `path` locked (a shared
+/// lock cannot be had then). A file that cannot be opened is no open journal.
+fn locked_by_open_journal(path: &Path) -> bool {
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return false;
+    };
+    rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared)
+        == Err(rustix::io::Errno::WOULDBLOCK)
 }
 
 /// Sweeps the directories one dead process's journal names. False when a
@@ -457,7 +478,7 @@ mod tests {
         let state = dir.path().join("state");
         fs::create_dir(&state).unwrap();
         fs::set_permissions(&state, fs::Permissions::from_mode(0o1777)).unwrap();
-        let error = open_journal(&state, ".oxadb-sharedtest.").unwrap_err();
+        let error = Journal::open(&state, ".oxadb-sharedtest.").unwrap_err();
         let text = error.to_string();
         assert!(
             matches!(
@@ -468,7 +489,6 @@ mod tests {
         );
         assert!(text.contains(&format!("'{}'", state.display())), "{text}");
         assert!(text.contains("mode 1777"), "{text}");
-        assert!(JOURNAL.get().is_none());
     }
 
     #[test]

@@ -43,9 +43,9 @@ mod testdata;
 
 pub use dest_error::{DestError, Step};
 pub use destination::{process_umask, set_times_at, Attributes, Destination, ModeRule};
-pub use durable::{durability, set_durability, sync_dir, sync_dirs, Durability};
+pub use durable::{sync_dir, sync_dirs, Durability};
 pub use inbox::Inbox;
-pub use journal::{close_journal, open_journal, JournalError, Sweep};
+pub use journal::{Journal, JournalError, Sweep};
 pub use protocol::{
     stat_v2_of, Action, Client, ClientError, ClientEvent, Failure, ListEntry, PullTicket,
     PushRequest, RequestError, Service, ServiceError, StatFailure, StatKind, StatReply, Transmit,
@@ -61,6 +61,29 @@ pub use state_dir::{make_state_dir, user_state_dir, StateDirError};
 pub use temp::{create_beside, TempEntry};
 
 use std::path::Path;
+use std::sync::Arc;
+
+/// How this process's received files reach storage: resolved once by the
+/// binary (`--durability`, the journal it opened) and handed to every
+/// transfer that writes one, the daemon's pushes and the host's pulls.
+#[derive(Debug, Clone, Default)]
+pub struct Storage {
+    /// How far a committed file is flushed (docs/protocol.md, "Pushes").
+    pub durability: Durability,
+    /// Where the directories that get temporary entries are recorded;
+    /// `None`: nowhere, so a killed process's leftovers are not found later.
+    pub journal: Option<Arc<Journal>>,
+}
+
+impl Storage {
+    /// Records `dir` in the journal, if any, before a temporary entry named
+    /// with `prefix` is made there.
+    fn note_dir(&self, dir: &Path, prefix: &str) {
+        if let Some(journal) = &self.journal {
+            journal.note_dir(dir, prefix, self.durability);
+        }
+    }
+}
 
 /// What differs between the roles when they write a received file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

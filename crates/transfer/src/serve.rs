@@ -21,8 +21,8 @@ use tracing::warn;
 
 use crate::protocol::{stat_v2_of, Failure, ListEntry, PushRequest, StatKind};
 use crate::{
-    create_beside, durability, set_times_at, sync_dirs, Attributes, ChunkReader, DestError,
-    Destination, Framing, Policy, ReceiveError, SendError, Source, Step,
+    create_beside, set_times_at, sync_dirs, Attributes, ChunkReader, DestError, Destination,
+    Framing, Policy, ReceiveError, SendError, Source, Step, Storage,
 };
 
 /// A symlink target is at most PATH_MAX (4096) bytes including the NUL the client sends.
@@ -68,15 +68,17 @@ pub fn list(dir: &Path) -> io::Result<Vec<ListEntry>> {
 /// over it after `DONE`; a device, FIFO or kernel interface file is written
 /// in place; a directory is refused; a symlink (`S_IFLNK` in the mode) is
 /// made under a temporary name with its own timestamp and renamed into place.
-/// A pushed file gets exactly `mode & 0o7777` (docs/protocol.md, "Pushes").
+/// A pushed file gets exactly `mode & 0o7777` (docs/protocol.md, "Pushes"),
+/// stored as the daemon's `storage` says.
 #[derive(Debug)]
 pub struct PushJob {
     request: PushRequest,
+    storage: Storage,
 }
 
 impl PushJob {
-    pub fn new(request: PushRequest) -> PushJob {
-        PushJob { request }
+    pub fn new(request: PushRequest, storage: Storage) -> PushJob {
+        PushJob { request, storage }
     }
 
     pub fn path(&self) -> &Path {
@@ -100,7 +102,7 @@ impl PushJob {
         // A directory is refused; a device, FIFO or kernel interface file is written
         // in place; anything else (missing, a regular file, a symlink, which is
         // replaced by the file as adbd does) through a temporary file.
-        let destination = Destination::open(&self.request.path, &Policy::DAEMON)
+        let destination = Destination::open(&self.request.path, &Policy::DAEMON, &self.storage)
             .map_err(|e| self.dest_failure(e))?;
         self.decode(&mut input, &mut destination.file(), "couldn't write")?;
         let mtime = input.done_mtime().expect("a finished push saw DONE");
@@ -173,7 +175,7 @@ impl PushJob {
             }
             _ => {}
         }
-        let (temp, ()) = create_beside(path, &Policy::DAEMON, |candidate| {
+        let (temp, ()) = create_beside(path, &Policy::DAEMON, &self.storage, |candidate| {
             std::os::unix::fs::symlink(OsStr::from_bytes(target), candidate)
         })
         .map_err(|e| self.report("couldn't create symlink", e))?;
@@ -188,7 +190,7 @@ impl PushJob {
         temp.rename_over(path)
             .map_err(|(_, e)| self.report("couldn't replace", e))?;
         // A link has no data of its own: its directory entry is all there is to flush.
-        sync_dirs(&changed_dirs, durability()).map_err(|(dir, e)| {
+        sync_dirs(&changed_dirs, self.storage.durability).map_err(|(dir, e)| {
             self.report(
                 "couldn't replace",
                 format!("couldn't sync directory '{}': {e}", dir.display()),

@@ -12,7 +12,7 @@ use tracing::warn;
 use crate::dest_error::{DestError, Step};
 use crate::durable::{parent_dir, record, Event};
 use crate::journal;
-use crate::Policy;
+use crate::{Policy, Storage};
 
 /// Makes temporary names unique within this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -75,18 +75,20 @@ impl Drop for TempEntry {
 }
 
 /// Creates a fresh temporary entry with `create` in `destination`'s directory
-/// (so the final rename is atomic), named `<prefix><pid>.<n>`. With
-/// `policy.parent_dir_mode` missing parent directories are made on `ENOENT`.
+/// (so the final rename is atomic), named `<prefix><pid>.<n>`, its directory
+/// recorded first in `storage`'s journal. With `policy.parent_dir_mode`
+/// missing parent directories are made on `ENOENT`.
 pub fn create_beside<T>(
     destination: &Path,
     policy: &Policy,
+    storage: &Storage,
     mut create: impl FnMut(&Path) -> io::Result<T>,
 ) -> Result<(TempEntry, T), DestError> {
     let dir = parent_dir(destination);
     let mut changed_dirs = vec![dir.clone()];
     let mut made_parents = false;
     // Recorded before the entry exists, so a crash right after leaves nothing unknown.
-    journal::note_dir(&dir, policy.temp_prefix);
+    storage.note_dir(&dir, policy.temp_prefix);
     // Names are unique per process; a clash means a leftover from a dead process.
     for _ in 0..64 {
         let name = format!(
@@ -145,8 +147,10 @@ mod tests {
             temp_prefix: ".oxadb-test-b.",
             ..Policy::HOST
         };
-        let (push, ()) = create_beside(&dest, &a, |p| fs::write(p, b"x")).unwrap();
-        let (pull, ()) = create_beside(&dest, &b, |p| fs::write(p, b"y")).unwrap();
+        let (push, ()) =
+            create_beside(&dest, &a, &Storage::default(), |p| fs::write(p, b"x")).unwrap();
+        let (pull, ()) =
+            create_beside(&dest, &b, &Storage::default(), |p| fs::write(p, b"y")).unwrap();
         assert_eq!(a.remove_unfinished(), 1);
         assert!(!push.path().exists());
         assert!(pull.path().exists());

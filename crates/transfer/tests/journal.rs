@@ -1,14 +1,16 @@
 //! The journal of one process from opening to closing, as a daemon or an
 //! oxadb command uses it: the sweep of a dead process's leftovers, the
 //! directory recorded before a temporary file is made there, and the journal
-//! kept while that file is unfinished. One test: a journal is process-wide.
+//! kept while that file is unfinished. One test: a process has one journal.
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
-use oxadb_transfer::{close_journal, open_journal, Attributes, Destination, Policy};
+use std::sync::Arc;
+
+use oxadb_transfer::{Attributes, Destination, Journal, JournalError, Policy, Storage};
 
 /// Above the kernel's largest pid_max: never a running process.
 const DEAD: u32 = 4_194_305;
@@ -40,7 +42,7 @@ fn leftovers_of_dead_processes_go_and_live_ones_stay() {
     fs::write(&push_entry, b"y").unwrap();
     fs::write(dest.join("f"), b"old").unwrap();
 
-    let sweep = open_journal(&state, prefix).unwrap();
+    let (journal, sweep) = Journal::open(&state, prefix).unwrap();
     let mut removed = sweep.removed.clone();
     removed.sort();
     assert_eq!(removed, [dead_entry.clone(), other_dead.clone()]);
@@ -57,16 +59,28 @@ fn leftovers_of_dead_processes_go_and_live_ones_stay() {
     assert_eq!(fs::metadata(&own).unwrap().mode() & 0o777, 0o600);
     assert_eq!(fs::read(&own).unwrap(), b"");
 
+    // While it is open, this process cannot open another (it would sweep
+    // this one's live entries as a dead namesake's).
+    assert!(matches!(
+        Journal::open(&state, prefix),
+        Err(JournalError::AlreadyOpen(path)) if path == own
+    ));
+
     // The directory is recorded before the temporary file is made, once.
-    let target = Destination::open(&dest.join("f"), &Policy::HOST).unwrap();
-    let second = Destination::open(&dest.join("g"), &Policy::HOST).unwrap();
+    let storage = Storage {
+        journal: Some(Arc::new(journal)),
+        ..Storage::default()
+    };
+    let journal = storage.journal.clone().unwrap();
+    let target = Destination::open(&dest.join("f"), &Policy::HOST, &storage).unwrap();
+    let second = Destination::open(&dest.join("g"), &Policy::HOST, &storage).unwrap();
     assert_eq!(fs::read(&own).unwrap(), line);
     // Kept while a temporary file is unfinished, removed once none is.
-    assert!(!close_journal());
+    assert!(!journal.close());
     assert!(own.exists());
     drop(second);
     target.commit(Attributes::default()).unwrap();
-    assert!(close_journal());
+    assert!(journal.close());
     assert!(!own.exists());
     assert_eq!(fs::read(dest.join("f")).unwrap(), b"");
 

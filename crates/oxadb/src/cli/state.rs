@@ -19,6 +19,7 @@
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 
@@ -55,17 +56,22 @@ pub fn state_dir() -> anyhow::Result<PathBuf> {
         .context("finding the oxadb state directory: neither XDG_STATE_HOME nor HOME is set")
 }
 
-/// This process's journal of pull temporary files, while it is open.
-pub struct PullJournal {
-    opened: bool,
+/// This process's journal of pull temporary files, while it is open: closed
+/// when dropped, and kept while a pull's temporary file is unfinished (a
+/// thread may still hold it when the process ends), so the next sweep finds it.
+pub struct PullJournal(Option<Arc<oxadb_transfer::Journal>>);
+
+impl PullJournal {
+    /// The journal, for the pulls' [`oxadb_transfer::Storage`].
+    pub fn journal(&self) -> Option<Arc<oxadb_transfer::Journal>> {
+        self.0.clone()
+    }
 }
 
 impl Drop for PullJournal {
     fn drop(&mut self) {
-        // Kept while a pull's temporary file is unfinished (a thread may
-        // still hold it when the process ends): the next sweep finds it.
-        if self.opened {
-            oxadb_transfer::close_journal();
+        if let Some(journal) = &self.0 {
+            journal.close();
         }
     }
 }
@@ -80,21 +86,20 @@ pub fn open_pull_journal() -> PullJournal {
         Ok(dir) => dir,
         Err(error) => {
             tracing::debug!("no pull journal: {error:#}");
-            return PullJournal { opened: false };
+            return PullJournal(None);
         }
     };
-    let sweep = match oxadb_transfer::open_journal(&dir, oxadb_transfer::Policy::HOST.temp_prefix) {
-        Ok(sweep) => sweep,
-        // A server's journal, open since its start.
-        Err(oxadb_transfer::JournalError::AlreadyOpen(_)) => return PullJournal { opened: false },
-        Err(error) => {
-            tracing::warn!(
-                "pull journal: {error}: a temporary file this pull leaves if killed \
-                 will not be found"
-            );
-            return PullJournal { opened: false };
-        }
-    };
+    let (journal, sweep) =
+        match oxadb_transfer::Journal::open(&dir, oxadb_transfer::Policy::HOST.temp_prefix) {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::warn!(
+                    "pull journal: {error}: a temporary file this pull leaves if killed \
+                     will not be found"
+                );
+                return PullJournal(None);
+            }
+        };
     for problem in &sweep.problems {
         tracing::debug!("pull journal: {problem}");
     }
@@ -108,7 +113,7 @@ pub fn open_pull_journal() -> PullJournal {
             sweep.removed_list(10)
         );
     }
-    PullJournal { opened: true }
+    PullJournal(Some(Arc::new(journal)))
 }
 
 impl State {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use oxadb::sync::{self, Compression, Direction, Progress, PullOptions, PushOptions};
 use oxadb::{Device, Error};
+use oxadb_transfer::{Durability, Storage};
 
 const COMPRESSION_HELP: &str = "Compress file data with ALGORITHM: any, none, brotli, lz4 or zstd \
     (any = the best the device supports: zstd, then lz4, then brotli). Used only when the device \
@@ -211,14 +212,18 @@ pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
     reporter.conclude(device, result)
 }
 
-/// `oxadb pull`: output as for [`push`].
-pub async fn pull(device: &Device, args: &PullArgs) -> anyhow::Result<()> {
+/// `oxadb pull`, its files flushed as `durability` says: output as for [`push`].
+pub async fn pull(device: &Device, args: &PullArgs, durability: Durability) -> anyhow::Result<()> {
     // Sweeps what killed pulls left, and records where this one writes.
-    let _journal = super::state::open_pull_journal();
+    let journal = super::state::open_pull_journal();
     let options = PullOptions {
         preserve: args.preserve,
         compression: args.compression(),
         features: None,
+        storage: Storage {
+            durability,
+            journal: journal.journal(),
+        },
     };
     let mut reporter = Reporter::new(Direction::Pull, args.quiet, args.stats);
     let result = sync::pull(

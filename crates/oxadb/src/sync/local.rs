@@ -131,6 +131,14 @@ pub(crate) struct PulledAttributes {
     pub mtime: i64,
 }
 
+/// What a pulled file becomes locally besides its data.
+pub(crate) struct Landing {
+    /// The device's mode and mtime (`-a`), else `Policy::HOST`'s defaults.
+    pub attributes: Option<PulledAttributes>,
+    /// How it is flushed and where its directory is journalled.
+    pub storage: oxadb_transfer::Storage,
+}
+
 /// What a pulled file's destination gets on commit: with `-a` the device's
 /// mode and mtime, else `Policy::HOST`'s default mode (adb's 0644 minus the umask).
 pub(crate) fn commit_attributes(attributes: Option<PulledAttributes>) -> Attributes {
@@ -143,13 +151,11 @@ pub(crate) fn commit_attributes(attributes: Option<PulledAttributes>) -> Attribu
     }
 }
 
-/// Removes every temporary pull file still in progress, then the journal
-/// that would have found them; for signal handlers that end the process.
-/// Returns how many were removed.
+/// Removes every temporary pull file still in progress; for signal handlers
+/// that end the process (the journal that would have found them can then be
+/// closed). Returns how many were removed.
 pub fn remove_unfinished_pulls() -> usize {
-    let removed = Policy::HOST.remove_unfinished();
-    oxadb_transfer::close_journal();
-    removed
+    Policy::HOST.remove_unfinished()
 }
 
 /// The local path for a name received from the device, refusing names that

@@ -241,6 +241,10 @@ pub struct PullOptions {
     pub compression: Compression,
     /// Protocol features to use instead of what the device advertises.
     pub features: Option<SyncFeatures>,
+    /// How pulled files are flushed (`--durability`; fully by default) and
+    /// the journal recording where their temporary files are made (none by
+    /// default).
+    pub storage: oxadb_transfer::Storage,
 }
 
 /// Which way files went, for [`TransferSummary::report`].

@@ -5,7 +5,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::local::{self, PulledAttributes};
+use super::local::{self, Landing, PulledAttributes};
 use super::metadata::Describe;
 use super::push::{warn_if_unsupported, Tally};
 use super::session::SyncSession;
@@ -72,6 +72,7 @@ pub async fn pull(
         session: None,
         compression: features.resolve(options.compression),
         preserve: options.preserve,
+        storage: options.storage.clone(),
     };
 
     let dst_name = destination.display().to_string();
@@ -200,6 +201,7 @@ struct Puller<'a> {
     session: Option<SyncSession>,
     compression: oxadb_wire::sync::Compression,
     preserve: bool,
+    storage: oxadb_transfer::Storage,
 }
 
 impl Puller<'_> {
@@ -219,6 +221,10 @@ impl Puller<'_> {
             mtime: stat.mtime,
         });
         let compression = self.compression;
+        let landing = Landing {
+            attributes,
+            storage: self.storage.clone(),
+        };
         self.session()
             .await?
             .receive(
@@ -226,7 +232,7 @@ impl Puller<'_> {
                 local,
                 Some(stat.size),
                 compression,
-                attributes,
+                landing,
                 progress,
             )
             .await
@@ -292,7 +298,7 @@ impl Puller<'_> {
             }
         }
         let dirs: Vec<_> = new_entries_in.into_iter().collect();
-        let durability = oxadb_transfer::durability();
+        let durability = self.storage.durability;
         tokio::task::spawn_blocking(move || oxadb_transfer::sync_dirs(&dirs, durability))
             .await
             .map_err(|e| Error::io("pull", std::io::Error::other(e)))?

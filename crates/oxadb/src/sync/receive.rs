@@ -14,7 +14,7 @@ use oxadb_transfer::{
 };
 use oxadb_wire::sync as wire;
 
-use super::local::{commit_attributes, PulledAttributes};
+use super::local::{commit_attributes, Landing, PulledAttributes};
 use super::metadata::StatReply;
 use super::session::SyncSession;
 use super::{describe_io, show, transfer_error, Progress, PullOptions, TransferSummary};
@@ -51,7 +51,17 @@ impl SyncSession {
         };
         let compression = self.features.resolve(options.compression);
         let bytes = self
-            .receive(remote, local, size, compression, attributes, progress)
+            .receive(
+                remote,
+                local,
+                size,
+                compression,
+                Landing {
+                    attributes,
+                    storage: options.storage.clone(),
+                },
+                progress,
+            )
             .await?;
         Ok(TransferSummary {
             files_transferred: 1,
@@ -70,7 +80,7 @@ impl SyncSession {
         local: &Path,
         size: Option<u64>,
         compression: wire::Compression,
-        attributes: Option<PulledAttributes>,
+        landing: Landing,
         progress: &mut dyn Progress,
     ) -> Result<u64> {
         self.usable()?;
@@ -78,7 +88,7 @@ impl SyncSession {
         let remote_name = show(remote).into_owned();
         progress.start(&remote_name, size);
         let result = self
-            .receive_inner(remote, local, size, compression, attributes, progress)
+            .receive_inner(remote, local, size, compression, landing, progress)
             .await;
         progress.finish();
         result.map_err(|error| match error {
@@ -122,9 +132,13 @@ impl SyncSession {
         local: &Path,
         size: Option<u64>,
         compression: wire::Compression,
-        attributes: Option<PulledAttributes>,
+        landing: Landing,
         progress: &mut dyn Progress,
     ) -> Result<u64> {
+        let Landing {
+            attributes,
+            storage,
+        } = landing;
         let ticket = self
             .client
             .start_pull(remote, compression)
@@ -133,7 +147,7 @@ impl SyncSession {
 
         let target_path = local.to_path_buf();
         let target = tokio::task::spawn_blocking(move || {
-            let target = Destination::open(&target_path, &Policy::HOST)?;
+            let target = Destination::open(&target_path, &Policy::HOST, &storage)?;
             // A file overwritten in place keeps its content if the new one cannot fit.
             if let Some(size) = size {
                 target.reserve(size)?;

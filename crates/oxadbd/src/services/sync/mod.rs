@@ -42,7 +42,7 @@ use std::io;
 use std::sync::Arc;
 
 use oxadb_io::{ReadChunk, WriteChunk};
-use oxadb_transfer::{Action, Service, ServiceError, Transmit};
+use oxadb_transfer::{Action, Service, ServiceError, Storage, Transmit};
 use oxadb_wire::RangeCounters;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
@@ -74,13 +74,22 @@ impl From<ServiceError> for SyncError {
     }
 }
 
+/// What the daemon's settings say about file transfers, the same for every
+/// `sync:` stream.
+#[derive(Debug, Clone, Default)]
+pub struct SyncSettings {
+    /// How pushed files are flushed and where their directories are journalled.
+    pub storage: Storage,
+}
+
 /// Serves one `sync:` stream until the host sends `QUIT` or closes it.
-pub async fn serve<S>(stream: S) -> Result<(), SyncError>
+pub async fn serve<S>(stream: S, settings: SyncSettings) -> Result<(), SyncError>
 where
     S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send + 'static,
 {
     let mut conn = Conn {
         stream,
+        settings,
         service: Service::new(),
         push: None,
         ranges: Arc::default(),
@@ -110,6 +119,7 @@ where
 
 struct Conn<S> {
     stream: S,
+    settings: SyncSettings,
     service: Service,
     /// The push being written, from its `Action::Push` to its end.
     push: Option<push::Push>,

@@ -40,7 +40,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
         };
         let path = request.path.clone();
         let (chunks, queue) = handoff::channel(CHUNK_QUEUE_DEPTH);
-        let job = PushJob::new(request);
+        let job = PushJob::new(request, self.settings.storage.clone());
         let worker = tokio::task::spawn_blocking(move || job.run(ChunkReader::new(queue)));
         self.push = Some(Push {
             chunks: Some(chunks),

@@ -35,7 +35,7 @@ impl Client {
         let (io, daemon_side) = tokio::io::duplex(1 << 20);
         Self {
             io,
-            server: tokio::spawn(serve(daemon_side)),
+            server: tokio::spawn(serve(daemon_side, SyncSettings::default())),
         }
     }
 

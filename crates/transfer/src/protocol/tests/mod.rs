@@ -29,7 +29,7 @@ use oxadb_wire::sync::SYNC_DATA_MAX;
 
 use super::{Action, Client, ClientError, ClientEvent, Failure, Service, ServiceError, Versions};
 use crate::serve::{self, PushJob};
-use crate::{handoff, Chunk, ChunkReader, Framing, Policy};
+use crate::{handoff, Chunk, ChunkReader, Framing, Policy, Storage};
 
 /// Deterministic pseudo-random numbers (xorshift64*), for data and cuts.
 #[derive(Debug, Clone)]
@@ -156,7 +156,7 @@ impl Daemon {
             }
             Action::Push(request) => {
                 self.actions.push("push");
-                self.push = Some((PushJob::new(request), Vec::new()));
+                self.push = Some((PushJob::new(request, Storage::default()), Vec::new()));
             }
             Action::PushData(pieces) => {
                 self.actions.push("push data");

@@ -39,6 +39,10 @@ pub struct ConnectOptions {
     /// How long a TCP device may stay silent before the connection is
     /// reported lost ([`oxadb_io::peer`]); `None`: the kernel's defaults.
     pub peer_timeout: Option<oxadb_io::PeerTimeout>,
+    /// Send plain pushes' file data by `sendfile` where the connection can
+    /// (plaintext TCP; docs/architecture.md, "Zero-copy transfers"). Off by
+    /// default; the `oxadb` command turns it on unless told otherwise.
+    pub zero_copy: bool,
 }
 
 impl Default for ConnectOptions {
@@ -55,6 +59,7 @@ impl Default for ConnectOptions {
             memory_budget: None,
             ack_headroom: true,
             peer_timeout: Some(oxadb_io::DEFAULT_PEER_TIMEOUT),
+            zero_copy: false,
         }
     }
 }
@@ -65,6 +70,8 @@ pub struct Device {
     peer: Peer,
     serial: String,
     usb: Option<UsbDeviceInfo>,
+    /// [`ConnectOptions::zero_copy`], for this device's sync sessions.
+    zero_copy: bool,
 }
 
 /// What a brief connection tells of a device (`oxadb devices`).
@@ -359,6 +366,12 @@ impl Device {
         &self.peer.banner.features
     }
 
+    /// Whether plain pushes to this device may go by `sendfile`
+    /// ([`ConnectOptions::zero_copy`]).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
     pub fn has_feature(&self, name: &str) -> bool {
         self.peer.banner.has_feature(name)
     }
@@ -594,6 +607,7 @@ async fn handshake(
         peer,
         serial,
         usb,
+        zero_copy: options.zero_copy,
     })
 }
 

@@ -344,14 +344,14 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         keygen(file)?;
         return Ok(0);
     }
+    let mut options = ConnectOptions::default();
     // Pushes by sendfile unless told otherwise: 1.2 times the copying push
     // on loopback, less CPU on any link (docs/benchmarks.md, "Zero-copy sends").
-    oxadb_transfer::set_zero_copy(if args.no_zero_copy {
+    options.zero_copy = if args.no_zero_copy {
         false
     } else {
         args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(true)
-    });
-    let mut options = ConnectOptions::default();
+    };
     if args.no_burst {
         options.credit = oxadb::CreditMode::Classic;
     }

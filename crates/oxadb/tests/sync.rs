@@ -71,6 +71,12 @@ impl Drop for Setup {
 }
 
 async fn connect(mode: Mode) -> Setup {
+    connect_with(mode, false).await
+}
+
+/// [`connect`], with `zero_copy` (`sendfile`) for the host's pushes and the
+/// daemon's pulls.
+async fn connect_with(mode: Mode, zero_copy: bool) -> Setup {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let listen = listener.local_addr().unwrap();
     let config = oxadbd::config::DaemonConfig {
@@ -81,6 +87,7 @@ async fn connect(mode: Mode) -> Setup {
             oxadbd::config::BudgetLimits::from_limit(256 << 20)
         },
         ack_headroom: mode != Mode::BurstTinyBudget,
+        zero_copy,
         ..oxadbd::config::DaemonConfig::with_defaults(listen).unwrap()
     };
     let server = tokio::spawn(oxadbd::server::serve(listener, config));
@@ -95,6 +102,7 @@ async fn connect(mode: Mode) -> Setup {
             ))
         }),
         ack_headroom: mode != Mode::BurstTinyBudget,
+        zero_copy,
         ..Default::default()
     };
     let device = Device::connect(&listen.to_string(), &options)
@@ -308,11 +316,9 @@ async fn push_and_pull_8_mib_random_file() {
 
 /// With zero-copy on (`--zero-copy`), plain pushes and pulls of regular
 /// files go as file ranges (sendfile) on both ends over TCP; sizes on frame
-/// and packet edges arrive intact. The switch is process-wide: other tests
-/// of this binary may then take the same path, which must be as correct.
+/// and packet edges arrive intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_copy_round_trips_at_frame_and_packet_edges() {
-    oxadb_transfer::set_zero_copy(true);
     const K64: usize = 64 * 1024;
     let sizes = [
         1,
@@ -323,7 +329,7 @@ async fn zero_copy_round_trips_at_frame_and_packet_edges() {
         3 * 1024 * 1024 + 7,
     ];
     for mode in [Mode::Burst, Mode::BurstTinyBudget, Mode::ClassicHost] {
-        let setup = connect(mode).await;
+        let setup = connect_with(mode, true).await;
         let dir = tempfile::tempdir().unwrap();
         let remote_dir = dir.path().join("device");
         fs::create_dir(&remote_dir).unwrap();

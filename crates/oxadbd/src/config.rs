@@ -286,6 +286,8 @@ pub struct DaemonConfig {
     pub device: DeviceSettings,
     /// How far a pushed file is flushed before its `OKAY`.
     pub durability: oxadb_transfer::Durability,
+    /// Plain pulls send file data by `sendfile` (`--zero-copy`).
+    pub zero_copy: bool,
 }
 
 /// How the daemon answers Android's device services.
@@ -707,6 +709,7 @@ impl DaemonConfig {
             access: Access::defaults(listen)?,
             device: DeviceSettings::default(),
             durability: oxadb_transfer::Durability::default(),
+            zero_copy: false,
         })
     }
 

@@ -398,10 +398,6 @@ fn log_filter(default: tracing::Level) -> tracing_subscriber::filter::Targets {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    // Resolved once, here, like the host's: the flag, else the environment.
-    oxadb_transfer::set_zero_copy(
-        args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(false),
-    );
     // Subcommands other than trust-key log like the daemon: run them after
     // the subscriber is set up.
     let subcommand = match args.command {
@@ -540,6 +536,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         access,
         device,
         durability,
+        // The flag, else the environment: off by default.
+        zero_copy: args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(false),
     };
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -83,6 +83,7 @@ impl Daemon {
                 durability: config.durability,
                 journal,
             },
+            zero_copy: config.zero_copy,
         };
         Arc::new(Daemon {
             slots: Arc::new(Semaphore::new(config.access.max_connections)),

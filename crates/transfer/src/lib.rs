@@ -54,8 +54,8 @@ pub use protocol::{
 pub use send_file::SendFile;
 pub use sink::{receive, Chunk, ChunkReader, ReceiveError};
 pub use source::{
-    send_frames, set_zero_copy, zero_copy_enabled, zero_copy_from_env, BufferPool, FrameRanges,
-    Framing, SendError, Source, ZERO_COPY_ENV,
+    send_frames, zero_copy_from_env, BufferPool, FrameRanges, Framing, SendError, Source,
+    ZERO_COPY_ENV,
 };
 pub use state_dir::{make_state_dir, user_state_dir, StateDirError};
 pub use temp::{create_beside, TempEntry};

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::io::{self, IoSliceMut, Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -90,44 +90,25 @@ impl Source {
     }
 }
 
-/// Whether plain transfers send file data by `sendfile`: what the binary
-/// set with [`set_zero_copy`] (the host's pushes: on; the daemon's pulls:
-/// off), else `OXADB_ZERO_COPY` ([`zero_copy_from_env`]), else off. A push
-/// by `sendfile` skips the sender's copy (1.2 times the copying push on
+/// What `OXADB_ZERO_COPY` asks for: `Some(false)` for `0`, `Some(true)` for
+/// any other value, `None` when unset or empty. Each binary reads it once,
+/// while resolving its settings, under its own flags and over its own
+/// default (the host's pushes: on; the daemon's pulls: off). A push by
+/// `sendfile` skips the sender's copy (1.2 times the copying push on
 /// loopback); a pull by `sendfile` costs the host's receiving end more than
 /// it saves the daemon (docs/benchmarks.md, "Zero-copy sends").
-pub fn zero_copy_enabled() -> bool {
-    match ZERO_COPY.load(Ordering::Relaxed) {
-        ZC_UNKNOWN => {
-            let on = zero_copy_from_env().unwrap_or(false);
-            ZERO_COPY.store(if on { ZC_ON } else { ZC_OFF }, Ordering::Relaxed);
-            on
-        }
-        state => state == ZC_ON,
-    }
-}
-
-/// Sends plain transfers by `sendfile` (or not) for the rest of the process.
-pub fn set_zero_copy(on: bool) {
-    ZERO_COPY.store(if on { ZC_ON } else { ZC_OFF }, Ordering::Relaxed);
-}
-
-/// What `OXADB_ZERO_COPY` asks for: `Some(false)` for `0`, `Some(true)` for
-/// any other value, `None` when unset or empty.
 pub fn zero_copy_from_env() -> Option<bool> {
-    std::env::var_os(ZERO_COPY_ENV)
-        .filter(|v| !v.is_empty())
-        .map(|v| v != "0")
+    zero_copy_asked(std::env::var_os(ZERO_COPY_ENV).as_deref())
+}
+
+/// [`zero_copy_from_env`] for the variable's value.
+fn zero_copy_asked(value: Option<&std::ffi::OsStr>) -> Option<bool> {
+    value.filter(|v| !v.is_empty()).map(|v| v != "0")
 }
 
 /// The environment variable that turns the zero-copy path on (any value but
 /// `0`) or off (`0`).
 pub const ZERO_COPY_ENV: &str = "OXADB_ZERO_COPY";
-
-const ZC_UNKNOWN: u8 = 0;
-const ZC_ON: u8 = 1;
-const ZC_OFF: u8 = 2;
-static ZERO_COPY: AtomicU8 = AtomicU8::new(ZC_UNKNOWN);
 
 /// Cuts a file into the same full-size `DATA` frames as [`send_frames`]
 /// sends uncompressed, as payloads of frame headers in memory and file ranges
@@ -705,14 +686,12 @@ mod tests {
     }
 
     #[test]
-    fn the_switch_turns_zero_copy_on_and_off() {
-        // The environment variable is read once; the binary's choice wins after it.
-        let _ = zero_copy_enabled();
-        set_zero_copy(true);
-        assert!(zero_copy_enabled());
-        set_zero_copy(false);
-        assert!(!zero_copy_enabled());
-        set_zero_copy(true);
-        assert!(zero_copy_enabled());
+    fn the_environment_turns_zero_copy_off_with_0_and_on_with_anything_else() {
+        use std::ffi::OsStr;
+        assert_eq!(zero_copy_asked(None), None);
+        assert_eq!(zero_copy_asked(Some(OsStr::new(""))), None);
+        assert_eq!(zero_copy_asked(Some(OsStr::new("0"))), Some(false));
+        assert_eq!(zero_copy_asked(Some(OsStr::new("1"))), Some(true));
+        assert_eq!(zero_copy_asked(Some(OsStr::new("yes"))), Some(true));
     }
 }

@@ -212,7 +212,7 @@ impl SyncSession {
                 let compression = self.push_request(local, remote, file_mode, mode)?;
                 self.write_push().await?;
                 if compression == wire::Compression::None
-                    && oxadb_transfer::zero_copy_enabled()
+                    && self.zero_copy
                     && self.stream.takes_file_ranges()
                 {
                     let source = Source::new(file)

@@ -64,6 +64,8 @@ pub struct SyncSession {
     pub(super) client: Client,
     /// What happened to the file ranges of this session's pushes.
     pub(super) ranges: std::sync::Arc<oxadb_wire::RangeCounters>,
+    /// Plain pushes may send file data by `sendfile` ([`Device::zero_copy`]).
+    pub(super) zero_copy: bool,
 }
 
 impl SyncSession {
@@ -82,6 +84,7 @@ impl SyncSession {
             features,
             client: Client::new(features.versions()),
             ranges: Default::default(),
+            zero_copy: device.zero_copy(),
         })
     }
 
@@ -95,7 +98,7 @@ impl SyncSession {
     pub fn zero_copy_stats(&self) -> ZeroCopyStats {
         let (files, sendfile_bytes, copied_bytes, fallbacks) = self.ranges.snapshot();
         ZeroCopyStats {
-            enabled: oxadb_transfer::zero_copy_enabled(),
+            enabled: self.zero_copy,
             files,
             sendfile_bytes,
             copied_bytes,

@@ -80,6 +80,9 @@ impl From<ServiceError> for SyncError {
 pub struct SyncSettings {
     /// How pushed files are flushed and where their directories are journalled.
     pub storage: Storage,
+    /// Plain pulls send file data by `sendfile` where the stream can
+    /// (`--zero-copy`; docs/architecture.md, "Zero-copy transfers").
+    pub zero_copy: bool,
 }
 
 /// Serves one `sync:` stream until the host sends `QUIT` or closes it.

@@ -37,7 +37,7 @@ impl<S: AsyncRead + AsyncWrite + ReadChunk + WriteChunk + Unpin + Send> Conn<S> 
             return Ok(());
         }
         if compression == Compression::None
-            && oxadb_transfer::zero_copy_enabled()
+            && self.settings.zero_copy
             && self.stream.takes_file_ranges()
         {
             let opened = {

@@ -152,6 +152,7 @@ impl Connection {
             label,
             epoch: started,
             file_ranges: sink.takes_file_ranges(),
+            activity: std::sync::OnceLock::new(),
         });
         {
             let mut state = shared.lock();
@@ -217,6 +218,15 @@ impl Connection {
                 (connection, Box::pin(run))
             }
         })
+    }
+
+    /// Reports this connection's reads and writes to `activity` from now on
+    /// (the daemon's idle trimming, [`Activity::trim_when_idle`]); the first
+    /// call counts, later ones change nothing.
+    ///
+    /// [`Activity::trim_when_idle`]: crate::Activity::trim_when_idle
+    pub fn report_activity_to(&self, activity: &crate::Activity) {
+        let _ = self.shared.activity.set(activity.clone());
     }
 
     /// Device role: the host sent CNXN and has not authenticated yet.

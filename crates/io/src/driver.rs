@@ -158,9 +158,19 @@ pub(crate) struct Shared {
     pub(crate) epoch: std::time::Instant,
     /// Whether the sink sends file ranges itself (`PacketSink::takes_file_ranges`).
     pub(crate) file_ranges: bool,
+    /// Where reads and writes are reported, once the owner says
+    /// (`Connection::report_activity_to`).
+    pub(crate) activity: std::sync::OnceLock<crate::Activity>,
 }
 
 impl Shared {
+    /// Reports that bytes moved (or the connection ended), if anyone listens.
+    pub(crate) fn note_activity(&self) {
+        if let Some(activity) = self.activity.get() {
+            activity.note();
+        }
+    }
+
     /// Locks the engine and tells it the time, for its round-trip and rate
     /// measurements.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -322,7 +332,7 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
             .read_buf(&mut bytes::BufMut::limit(&mut buf, limit))
             .await;
         holding.set(buf.capacity() as u64);
-        crate::process::note_activity();
+        shared.note_activity();
         match filled {
             Ok(0) if buf.is_empty() => return ConnectionError::PeerClosed,
             Ok(0) if buf.len() < HEADER_LEN => return ConnectionError::TruncatedHeader(buf.len()),
@@ -441,7 +451,7 @@ pub(crate) async fn write_loop<S: PacketSink>(shared: Arc<Shared>, mut sink: S) 
             shared.lock().authentication.key_offer_written();
         }
         shared.drained.notify_one();
-        crate::process::note_activity();
+        shared.note_activity();
     }
     sink.shutdown().await;
 }

@@ -55,7 +55,7 @@ pub use oxadb_engine::{AuthReply, Peer, StreamStats};
 pub use peer::{watch_peer, PeerTimeout, DEFAULT_PEER_TIMEOUT};
 pub use process::{
     available_memory, default_budget_limits, format_size, parse_credit_mode, parse_size,
-    process_budget, release_free_memory, resident_bytes, trim_when_idle, tune_allocator,
+    release_free_memory, resident_bytes, tune_allocator, Activity,
 };
 pub use sink::{OutgoingPacket, PacketSink, ReadRanges, StreamSink};
 pub use stream::{AdbStream, ReadChunk, WriteChunk};

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 /// daemon's CPU in a 1 GiB push, measured with perf); served from the heap they
 /// reuse warm memory. The trim threshold and top pad keep freed packets'
 /// pages between transfers' bursts; an idle daemon hands them back with
-/// [`trim_when_idle`].
+/// [`Activity::trim_when_idle`].
 ///
 /// One arena for every thread: glibc gives threads arenas of their own (up to
 /// 8 per core), and a thread's arena never gives back the top of its heap
@@ -35,19 +35,76 @@ pub fn tune_allocator() {
     }
 }
 
-/// Connection activity of the whole process: bumped by every read and
-/// every batch written ([`note_activity`]), watched by [`trim_when_idle`].
-static ACTIVITY: AtomicU64 = AtomicU64::new(0);
-/// Set while [`trim_when_idle`] waits for the next activity, so that only
-/// the first read or write after a quiet spell pays for waking it.
-static WAITING: AtomicBool = AtomicBool::new(false);
-static WOKEN: Notify = Notify::const_new();
+/// Connection activity, bumped by every read and every batch written of
+/// the connections that report to it ([`Connection::report_activity_to`]),
+/// and watched by [`Activity::trim_when_idle`]. Made by the binary (the
+/// daemon: one for all its connections); cheap to clone.
+///
+/// [`Connection::report_activity_to`]: crate::Connection::report_activity_to
+#[derive(Debug, Clone, Default)]
+pub struct Activity(Arc<ActivityState>);
 
-/// Records that a connection moved bytes (or ended).
-pub(crate) fn note_activity() {
-    ACTIVITY.fetch_add(1, Ordering::SeqCst);
-    if WAITING.load(Ordering::Relaxed) && WAITING.swap(false, Ordering::SeqCst) {
-        WOKEN.notify_one();
+#[derive(Debug, Default)]
+struct ActivityState {
+    /// Reads and writes so far.
+    count: AtomicU64,
+    /// Set while [`Activity::trim_when_idle`] waits for the next activity,
+    /// so that only the first read or write after a quiet spell pays for
+    /// waking it.
+    waiting: AtomicBool,
+    woken: Notify,
+}
+
+impl Activity {
+    /// Records that a connection moved bytes (or ended).
+    pub(crate) fn note(&self) {
+        let state = &*self.0;
+        state.count.fetch_add(1, Ordering::SeqCst);
+        if state.waiting.load(Ordering::Relaxed) && state.waiting.swap(false, Ordering::SeqCst) {
+            state.woken.notify_one();
+        }
+    }
+
+    /// Reads and writes noted so far.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
+        self.0.count.load(Ordering::SeqCst)
+    }
+
+    /// Returns free memory to the system once the connections have been
+    /// quiet for `quiet` after moving data (see [`release_free_memory`]);
+    /// runs until dropped. During transfers the allocator keeps its pages:
+    /// reused warm heap is what [`tune_allocator`] is for.
+    pub async fn trim_when_idle(self, quiet: std::time::Duration) {
+        let state = &*self.0;
+        let mut seen = state.count.load(Ordering::SeqCst);
+        loop {
+            // Sleep until something moves (no timer runs while the daemon idles).
+            state.waiting.store(true, Ordering::SeqCst);
+            if state.count.load(Ordering::SeqCst) == seen {
+                state.woken.notified().await;
+            }
+            state.waiting.store(false, Ordering::SeqCst);
+            // Then until nothing has moved for `quiet`.
+            loop {
+                seen = state.count.load(Ordering::SeqCst);
+                tokio::time::sleep(quiet).await;
+                if state.count.load(Ordering::SeqCst) == seen {
+                    break;
+                }
+            }
+            let before = resident_bytes();
+            let started = std::time::Instant::now();
+            if !release_free_memory() {
+                return;
+            }
+            tracing::debug!(
+                rss_before = before,
+                rss_after = resident_bytes(),
+                took_us = started.elapsed().as_micros() as u64,
+                "idle: returned free memory to the system"
+            );
+        }
     }
 }
 
@@ -66,41 +123,6 @@ pub fn release_free_memory() -> bool {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         false
-    }
-}
-
-/// Returns free memory to the system once connections have been quiet for
-/// `quiet` after moving data (see [`release_free_memory`]); runs until
-/// dropped. During transfers the allocator keeps its pages: reused warm
-/// heap is what [`tune_allocator`] is for.
-pub async fn trim_when_idle(quiet: std::time::Duration) {
-    let mut seen = ACTIVITY.load(Ordering::SeqCst);
-    loop {
-        // Sleep until something moves (no timer runs while the daemon idles).
-        WAITING.store(true, Ordering::SeqCst);
-        if ACTIVITY.load(Ordering::SeqCst) == seen {
-            WOKEN.notified().await;
-        }
-        WAITING.store(false, Ordering::SeqCst);
-        // Then until nothing has moved for `quiet`.
-        loop {
-            seen = ACTIVITY.load(Ordering::SeqCst);
-            tokio::time::sleep(quiet).await;
-            if ACTIVITY.load(Ordering::SeqCst) == seen {
-                break;
-            }
-        }
-        let before = resident_bytes();
-        let started = std::time::Instant::now();
-        if !release_free_memory() {
-            return;
-        }
-        tracing::debug!(
-            rss_before = before,
-            rss_after = resident_bytes(),
-            took_us = started.elapsed().as_micros() as u64,
-            "idle: returned free memory to the system"
-        );
     }
 }
 
@@ -126,15 +148,6 @@ pub fn available_memory() -> Option<u64> {
 /// is assumed rather than a large server.
 pub fn default_budget_limits() -> oxadb_engine::BudgetLimits {
     oxadb_engine::BudgetLimits::from_available_memory(available_memory().unwrap_or(256 << 20))
-}
-
-/// The budget every connection of this process shares unless told otherwise.
-pub fn process_budget() -> Arc<oxadb_engine::MemoryBudget> {
-    static BUDGET: std::sync::OnceLock<Arc<oxadb_engine::MemoryBudget>> =
-        std::sync::OnceLock::new();
-    BUDGET
-        .get_or_init(|| Arc::new(oxadb_engine::MemoryBudget::new(default_budget_limits())))
-        .clone()
 }
 
 /// A credit mode as `--credit` and the `credit` config key spell it:

@@ -391,3 +391,19 @@ fn sizes_print_in_binary_units() {
     assert_eq!(format_size(0), "0 B");
     assert_eq!(format_size(1536), "1.5 KiB");
 }
+
+#[tokio::test]
+async fn a_connection_reports_reads_and_writes_only_to_the_activity_it_was_given() {
+    let addr = echo_device(false).await;
+    let connection = host(addr, false).await;
+    let activity = Activity::default();
+    let other = Activity::default();
+    echo_round_trip(&connection, 1000, 1).await;
+    assert_eq!(activity.count(), 0, "nothing reported before it was asked");
+    connection.report_activity_to(&activity);
+    connection.report_activity_to(&other);
+    echo_round_trip(&connection, 1000, 2).await;
+    // At least the echo's request written and its reply read.
+    assert!(activity.count() >= 2, "{}", activity.count());
+    assert_eq!(other.count(), 0, "the first activity given stays");
+}

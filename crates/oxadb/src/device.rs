@@ -30,8 +30,9 @@ pub struct ConnectOptions {
     /// How long to wait for TCP connect plus the CNXN exchange.
     pub timeout: Duration,
     /// The receive-memory budget this connection's adaptive windows draw
-    /// from; `None` shares the process-wide one ([`oxadb_io::process_budget`],
-    /// sized from available memory like Linux's `tcp_mem`).
+    /// from, shared by every connection given the same one; `None`: one of
+    /// its own, sized from the memory available when it connects, like
+    /// Linux's `tcp_mem` ([`oxadb_io::default_budget_limits`]).
     pub memory_budget: Option<Arc<MemoryBudget>>,
     /// Headroom for clumped deliveries in adaptive windows (docs/flow-control.md, "Headroom for clumps");
     /// switch off only to measure what it brings.
@@ -446,7 +447,7 @@ fn host_config(options: &ConnectOptions) -> Config {
         options
             .memory_budget
             .clone()
-            .unwrap_or_else(oxadb_io::process_budget),
+            .unwrap_or_else(|| Arc::new(MemoryBudget::new(oxadb_io::default_budget_limits()))),
     );
     config.ack_headroom = options.ack_headroom;
     config

@@ -358,11 +358,13 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     if let Some(credit) = args.credit {
         options.credit = credit;
     }
-    if let Some(limit) = args.memory_budget {
-        options.memory_budget = Some(std::sync::Arc::new(oxadb::MemoryBudget::new(
-            oxadb::BudgetLimits::from_limit(limit),
-        )));
-    }
+    // One budget for every connection this command makes (the limit is per
+    // process, docs/flow-control.md, "Memory budget").
+    let budget = args
+        .memory_budget
+        .map(oxadb::BudgetLimits::from_limit)
+        .unwrap_or_else(oxadb_io::default_budget_limits);
+    options.memory_budget = Some(std::sync::Arc::new(oxadb::MemoryBudget::new(budget)));
     options.ack_headroom = !args.no_ack_headroom;
     if let Some(secs) = args.peer_timeout {
         options.peer_timeout = oxadb_io::PeerTimeout::from_secs(secs);

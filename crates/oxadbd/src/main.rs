@@ -659,11 +659,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
         let mut terminate =
             signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let daemon = oxadbd::server::Daemon::new(config, journal.clone());
         // Memory freed after a transfer goes back to the system once
         // connections have been quiet for a second (a 512 MiB board cannot
         // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
-        tokio::spawn(oxadb_io::trim_when_idle(std::time::Duration::from_secs(1)));
-        let daemon = oxadbd::server::Daemon::new(config, journal.clone());
+        tokio::spawn(
+            daemon
+                .activity()
+                .trim_when_idle(std::time::Duration::from_secs(1)),
+        );
         #[cfg(feature = "mdns")]
         if mdns {
             daemon.announce_mdns(state_dir.path());

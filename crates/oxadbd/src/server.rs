@@ -29,6 +29,9 @@ pub struct Daemon {
     engine: Config,
     /// What every `sync:` stream is handed: the settings' and the journal.
     sync: sync::SyncSettings,
+    /// Every connection's reads and writes, for trimming the allocator once
+    /// they are quiet ([`Daemon::activity`]).
+    activity: oxadb_io::Activity,
     authenticator: Option<Arc<dyn Authenticator>>,
     /// The daemon's effective uid: its loopback peers need no key by default.
     euid: u32,
@@ -90,6 +93,7 @@ impl Daemon {
             config,
             engine,
             sync,
+            activity: oxadb_io::Activity::default(),
             authenticator,
             euid,
             properties,
@@ -208,6 +212,13 @@ impl Daemon {
 
     pub fn config(&self) -> &DaemonConfig {
         &self.config
+    }
+
+    /// What the daemon's connections report their reads and writes to: the
+    /// binary trims the allocator once it is quiet
+    /// ([`oxadb_io::Activity::trim_when_idle`]).
+    pub fn activity(&self) -> oxadb_io::Activity {
+        self.activity.clone()
     }
 }
 
@@ -522,6 +533,7 @@ macro_rules! refusal {
 }
 
 async fn dispatch(connection: Connection, daemon: Arc<Daemon>) {
+    connection.report_activity_to(&daemon.activity);
     // The engine closes a connection whose handshake misses a deadline
     // (`Config::handshake_timeout`, `auth_timeout`), and logs it.
     if !log_connected(connection.connected().await) {

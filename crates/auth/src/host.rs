@@ -16,7 +16,6 @@ use std::io::Write as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{KeyError, PrivateKey};
 
@@ -60,15 +59,18 @@ fn read_private_key(path: &Path) -> Result<PrivateKey, KeyError> {
 /// process made meanwhile). Returns false when `path` already existed.
 fn write_new_private_key(path: &Path, contents: &str) -> Result<bool, KeyError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    // Unique per process and call, so concurrent writers never share it.
-    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    // The pid and a random number, so concurrent writers never share it
+    // (and `create_new` would refuse a name that is taken after all).
+    let mut random = [0; 8];
+    getrandom::getrandom(&mut random)
+        .map_err(|error| io_error(dir, "draw a temporary name", std::io::Error::other(error)))?;
     let temp = dir.join(format!(
-        ".{}.tmp-{}-{}",
+        ".{}.tmp-{}-{:016x}",
         path.file_name()
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default(),
         std::process::id(),
-        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        u64::from_ne_bytes(random)
     ));
     let write = |target: &Path| -> std::io::Result<()> {
         let mut file = fs::OpenOptions::new()

@@ -5,7 +5,6 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::warn;
 
@@ -13,9 +12,6 @@ use crate::dest_error::{DestError, Step};
 use crate::durable::{parent_dir, record, Event};
 use crate::journal;
 use crate::{Policy, Storage};
-
-/// Makes temporary names unique within this process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A temporary directory entry that is removed unless renamed into place.
 #[derive(Debug)]
@@ -89,13 +85,15 @@ pub fn create_beside<T>(
     let mut made_parents = false;
     // Recorded before the entry exists, so a crash right after leaves nothing unknown.
     storage.note_dir(&dir, policy.temp_prefix);
-    // Names are unique per process; a clash means a leftover from a dead process.
+    // The pid keeps names apart between processes and a random number within
+    // one; `create` refuses an existing name (a leftover, or a rare draw of
+    // the same number), and another is drawn.
     for _ in 0..64 {
         let name = format!(
             "{}{}.{}",
             policy.temp_prefix,
             std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+            random_number().map_err(|e| DestError::new(Step::Create, e))?
         );
         let candidate = dir.join(name);
         match create(&candidate) {
@@ -130,6 +128,14 @@ pub fn create_beside<T>(
     ))
 }
 
+/// A random number for a temporary name (its digits are what the sweep
+/// expects after the pid).
+fn random_number() -> io::Result<u32> {
+    let mut bytes = [0; 4];
+    getrandom::getrandom(&mut bytes).map_err(io::Error::other)?;
+    Ok(u32::from_ne_bytes(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +163,30 @@ mod tests {
         drop(pull);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
         drop(push);
+    }
+
+    #[test]
+    fn a_taken_name_is_passed_over_and_names_say_their_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("d");
+        let policy = Policy {
+            temp_prefix: ".oxadb-test-clash.",
+            ..Policy::DAEMON
+        };
+        let mut tries = 0;
+        let (entry, ()) = create_beside(&dest, &policy, &Storage::default(), |p| {
+            tries += 1;
+            if tries < 3 {
+                return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+            }
+            fs::write(p, b"x")
+        })
+        .unwrap();
+        assert_eq!(tries, 3);
+        let name = entry.path().file_name().unwrap().to_str().unwrap();
+        let rest = name.strip_prefix(policy.temp_prefix).unwrap();
+        let (pid, number) = rest.split_once('.').unwrap();
+        assert_eq!(pid, std::process::id().to_string());
+        assert!(number.parse::<u32>().is_ok(), "{name}");
     }
 }

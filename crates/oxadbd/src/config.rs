@@ -549,11 +549,7 @@ impl Access {
         let seconds = |flag: Option<u64>, key: Option<u64>, default: Duration| {
             flag.or(key).map_or(default, Duration::from_secs)
         };
-        let keys = flags
-            .keys
-            .clone()
-            .or_else(|| file.keys.clone())
-            .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH));
+        let keys = keys_file(flags.keys.clone(), file);
         let tls_mode = match (flags.tls, &file.tls) {
             (Some(mode), _) => Some(mode),
             (None, Some(text)) => Some(text.parse().map_err(|message| ConfigError::BadValue {
@@ -837,6 +833,34 @@ pub fn parse_listen_list(text: &str) -> Result<Listen, ConfigError> {
 }
 
 pub use oxadb_io::parse_size;
+
+/// `ro.product.name`: the flag, else the file's `product-name`, else
+/// [`default_product_name`].
+pub fn product_name(flag: Option<String>, file: &FileConfig) -> String {
+    flag.or_else(|| file.product_name.clone())
+        .unwrap_or_else(default_product_name)
+}
+
+/// `ro.product.model`: the flag, else the file's `product-model`, else
+/// [`default_product_model`].
+pub fn product_model(flag: Option<String>, file: &FileConfig) -> String {
+    flag.or_else(|| file.product_model.clone())
+        .unwrap_or_else(default_product_model)
+}
+
+/// `ro.product.device`: the flag, else the file's `product-device`, else
+/// [`default_product_device`].
+pub fn product_device(flag: Option<String>, file: &FileConfig) -> String {
+    flag.or_else(|| file.product_device.clone())
+        .unwrap_or_else(default_product_device)
+}
+
+/// The keys file: the flag, else the file's `keys`, else
+/// [`crate::auth::DEFAULT_KEYS_PATH`].
+pub fn keys_file(flag: Option<PathBuf>, file: &FileConfig) -> PathBuf {
+    flag.or_else(|| file.keys.clone())
+        .unwrap_or_else(|| PathBuf::from(crate::auth::DEFAULT_KEYS_PATH))
+}
 
 /// `ro.product.name`: the distribution id from os-release, like "debian".
 pub fn default_product_name() -> String {

@@ -4,11 +4,13 @@
 //! hosts open on them.
 pub mod auth;
 pub mod config;
+pub mod flags;
 pub mod mdns;
 #[cfg(feature = "pairing")]
 pub mod pair;
 pub mod peer_owner;
 pub mod server;
 pub mod services;
+pub mod settings;
 pub mod stop;
 pub mod tls;

@@ -6,9 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use oxadbd::config::{
-    self, Access, AccessFlags, DaemonConfig, FileConfig, Keyless, UsbConfig, UsbFlags,
-};
+use oxadbd::config::{self, FileConfig, Keyless};
+use oxadbd::settings::{Environment, Settings};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -19,176 +18,8 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Where to listen: ADDR:PORT (TCP) and/or vsock:PORT (virtual machine
-    /// sockets, any CID), comma-separated [default: 127.0.0.1:5555; with
-    /// --usb, no TCP unless given]. Hosts must authenticate, except loopback
-    /// TCP peers owned by root or the daemon's own user (see --auth,
-    /// --trust-local-users); vsock peers always, unless --no-auth --insecure.
-    #[arg(long, value_name = "ADDR:PORT|vsock:PORT", env = "OXADBD_LISTEN")]
-    listen: Option<String>,
-    /// Serve ADB over USB as a FunctionFS gadget function (see --ffs-dir).
-    /// Hosts must authenticate over USB unless --no-auth is given.
-    #[arg(long)]
-    usb: bool,
-    /// Where the function's FunctionFS is mounted [default: /dev/usb-ffs/adb].
-    /// The gadget can be bound to a UDC once oxadbd logs "ready for UDC bind"
-    /// (ep1 and ep2 then exist there).
-    #[arg(long, value_name = "DIR")]
-    ffs_dir: Option<PathBuf>,
-    /// Bind this configfs gadget (e.g. /sys/kernel/config/usb_gadget/oxadbd)
-    /// to a UDC once the descriptors are written; it is unbound when oxadbd
-    /// exits.
-    #[arg(long, value_name = "DIR")]
-    usb_gadget: Option<PathBuf>,
-    /// The UDC for --usb-gadget [default: the first in /sys/class/udc].
-    #[arg(long, value_name = "NAME")]
-    usb_udc: Option<String>,
-    /// Configuration file (TOML; keys: listen, usb, ffs-dir, usb-gadget,
-    /// usb-udc, shell, framebuffer, product-name, product-model, product-device, credit,
-    /// delayed-ack, memory-budget, ack-headroom, auth, trust-local-users,
-    /// keys, accept-new-keys, tls, tls-key, tls-cert, insecure, max-connections, max-streams,
-    /// handshake-timeout, auth-timeout, stalled-stream-timeout, peer-timeout,
-    /// reboot-command, allow-tcpip, mdns, durability, state-dir, stop-grace, and a
-    /// [properties] table for getprop).
-    #[arg(long, value_name = "PATH", default_value = None)]
-    config: Option<PathBuf>,
-    /// Login shell for `adb shell` [default: /bin/sh].
-    #[arg(long, value_name = "PATH")]
-    shell: Option<PathBuf>,
-    /// The framebuffer device the `framebuffer:` service reads [default:
-    /// /dev/fb0].
-    #[arg(long, value_name = "PATH")]
-    framebuffer: Option<PathBuf>,
-    /// `ro.product.name` in the banner [default: the os-release ID].
-    #[arg(long)]
-    product_name: Option<String>,
-    /// `ro.product.model` in the banner [default: device-tree or DMI model].
-    #[arg(long)]
-    product_model: Option<String>,
-    /// `ro.product.device` in the banner [default: the host name].
-    #[arg(long)]
-    product_device: Option<String>,
-    /// Send pulled files with `sendfile` instead of reading them into
-    /// buffers (the same as OXADB_ZERO_COPY=1); off by default, as the
-    /// receiving host then spends more than the daemon saves
-    /// (docs/benchmarks.md, "Zero-copy sends").
-    #[arg(long)]
-    zero_copy: bool,
-    /// How far a pushed file reaches storage before adb is told it arrived:
-    /// full (fsync the file, rename it into place, fsync its directory),
-    /// rename (fsync the file before the rename: after a power cut the new
-    /// content or the old, but the rename may be lost) or none (no flush,
-    /// as Android's adbd) [default: full].
-    #[arg(long, value_name = "full|rename|none")]
-    durability: Option<oxadb_transfer::Durability>,
-    /// Where the journal of directories holding temporary push files is
-    /// kept, so that a restart removes what a killed daemon left (made if
-    /// missing) [default: /var/lib/oxadbd, made if missing; for a user who
-    /// may not, $XDG_STATE_HOME/oxadbd or ~/.local/state/oxadbd].
-    #[arg(long, value_name = "DIR")]
-    state_dir: Option<PathBuf>,
-    /// Seconds pushes in flight may take to finish after SIGTERM before they
-    /// are aborted (a second SIGTERM or SIGINT stops at once) [default: 5].
-    #[arg(long, value_name = "SECS")]
-    stop_grace: Option<u64>,
-    /// Do not offer burst mode (`delayed_ack`); the same as `--credit classic`.
-    #[arg(long, conflicts_with = "credit")]
-    no_delayed_ack: bool,
-    /// Flow control: classic (no burst mode), aosp (burst mode with AOSP's
-    /// fixed 32 MiB credit per stream) or adaptive (burst mode, credit grown
-    /// from the measured rate and round trip) [default: adaptive].
-    #[arg(long, value_name = "classic|aosp|adaptive", value_parser = oxadb_io::parse_credit_mode)]
-    credit: Option<oxadbd::config::CreditMode>,
-    /// Receive memory all streams together may commit (e.g. 64M); windows
-    /// stop growing at half of it, shrink above two thirds, and each stream
-    /// gets at most an eighth [default: 3/32 of the available memory, as
-    /// Linux sizes tcp_mem].
-    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
-    memory_budget: Option<u64>,
-    /// Turn off the adaptive window's headroom for clumped deliveries (for
-    /// measuring what it brings).
-    #[arg(long)]
-    no_ack_headroom: bool,
-    /// Every host must sign a token with a key in the keys file, as adbd
-    /// requires, root on loopback included [default: every host but
-    /// loopback peers owned by root or the daemon's own user].
-    #[arg(long, overrides_with = "no_auth")]
-    auth: bool,
-    /// Let every host in without a key, every local user included (beyond
-    /// loopback only with --insecure). Warned at every start.
-    #[arg(long, overrides_with = "auth")]
-    no_auth: bool,
-    /// Let every local user in over loopback without a key, not only root
-    /// and the daemon's own user; other hosts still need one. Warned at
-    /// every start.
-    #[arg(long)]
-    trust_local_users: bool,
-    /// Authorized host keys, one `adbkey.pub` line each (adb's `adb_keys`
-    /// format), for every host that must authenticate [default:
-    /// /etc/oxadbd/adb_keys]. Re-read at every attempt.
-    #[arg(long, value_name = "PATH")]
-    keys: Option<PathBuf>,
-    /// Trust any public key a host offers and append it to the keys file
-    /// (trust on first use; every new key is logged).
-    #[arg(long)]
-    accept_new_keys: bool,
-    /// TLS 1.3 on TCP connections (STLS, as adbd's wireless debugging):
-    /// `off`; `on`: for hosts that can do it, plaintext for older adb;
-    /// `required`: refuse hosts that cannot [default: plaintext on
-    /// loopback; beyond it `on`, `required` once a host is paired].
-    /// Never over USB.
-    #[arg(long, value_name = "MODE")]
-    tls: Option<oxadbd::tls::TlsMode>,
-    /// The daemon's TLS private key, made on first use (mode 0600)
-    /// [default: tls_key.pem beside the keys file].
-    #[arg(long, value_name = "PATH")]
-    tls_key: Option<PathBuf>,
-    /// The daemon's TLS certificate, made with the key [default:
-    /// tls_cert.pem beside the keys file].
-    #[arg(long, value_name = "PATH")]
-    tls_cert: Option<PathBuf>,
-    /// Allow listening beyond loopback without authentication: anyone who
-    /// can reach the address gets a root shell. Warned at every start.
-    #[arg(long)]
-    insecure: bool,
-    /// Connections served at once; more are closed on accept [default: 64].
-    #[arg(long, value_name = "N")]
-    max_connections: Option<usize>,
-    /// Streams a connection may have open at once; more OPENs are refused
-    /// [default: 1024].
-    #[arg(long, value_name = "N")]
-    max_streams: Option<usize>,
-    /// Seconds a new connection has to send CNXN [default: 10].
-    #[arg(long, value_name = "SECS")]
-    handshake_timeout: Option<u64>,
-    /// Seconds a new connection has to authenticate [default: 60].
-    #[arg(long, value_name = "SECS")]
-    auth_timeout: Option<u64>,
-    /// Seconds a stream's data may wait for the host's credit before the
-    /// stream is closed; 0 keeps them forever [default: 300].
-    #[arg(long, value_name = "SECS")]
-    stalled_stream_timeout: Option<u64>,
-    /// Seconds a TCP host may stay silent before its connection, its
-    /// streams and its unfinished pushes are dropped: keepalive probes after
-    /// half of it, data unacknowledged for all of it (docs/protocol.md,
-    /// "Dead peers"); 0 leaves the kernel's defaults [default: 30].
-    #[arg(long, value_name = "SECS")]
-    peer_timeout: Option<u64>,
-    /// What `adb reboot [TARGET]` runs once it has answered, split on
-    /// blanks; a target (bootloader, recovery...) is appended as the last
-    /// argument and set in OXADBD_REBOOT_TARGET. "" refuses reboots
-    /// [default: `systemctl reboot` under systemd, else `reboot`].
-    #[arg(long, value_name = "COMMAND")]
-    reboot_command: Option<String>,
-    /// Refuse `adb tcpip PORT` and `adb usb` (by default a host may move
-    /// the TCP listener to another port on the same address).
-    #[arg(long)]
-    no_tcpip: bool,
-    /// Do not announce the TCP listener over mDNS (`_adb._tcp`,
-    /// `_adb-tls-connect._tcp`, as adbd does; what that reveals:
-    /// docs/security.md). A loopback listener is never announced.
-    #[arg(long)]
-    no_mdns: bool,
+    #[command(flatten)]
+    flags: oxadbd::flags::Flags,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -233,18 +64,9 @@ enum Command {
 fn device_info(file: &FileConfig, state_dir: Option<PathBuf>) -> oxadbd::mdns::DeviceInfo {
     let state_dir = config::StateDir::resolve(state_dir.or(file.state_dir.clone()));
     let device = config::DeviceSettings::resolve(None, false, file);
-    let model = file
-        .product_model
-        .clone()
-        .unwrap_or_else(config::default_product_model);
-    let name = file
-        .product_name
-        .clone()
-        .unwrap_or_else(config::default_product_name);
-    let dev = file
-        .product_device
-        .clone()
-        .unwrap_or_else(config::default_product_device);
+    let model = config::product_model(None, file);
+    let name = config::product_name(None, file);
+    let dev = config::product_device(None, file);
     let uname = rustix::system::uname();
     let machine = uname.machine().to_string_lossy();
     let props = oxadbd::services::props::Properties::new(
@@ -303,10 +125,7 @@ struct PairArgs {
 #[cfg(feature = "pairing")]
 fn pair(args: PairArgs) -> anyhow::Result<()> {
     let file = FileConfig::load(args.config.as_deref())?;
-    let keys = args
-        .keys
-        .or(file.keys.clone())
-        .unwrap_or_else(|| PathBuf::from(oxadbd::auth::DEFAULT_KEYS_PATH));
+    let keys = config::keys_file(args.keys, &file);
     let info = device_info(&file, args.state_dir);
     let guid = args.guid.unwrap_or_else(|| info.instance.clone());
     let announce = file.announces_mdns(args.no_mdns)?.then_some(info);
@@ -347,10 +166,7 @@ fn trust_key(
     keys: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let file = FileConfig::load(config.as_deref())?;
-    let keys = keys
-        .or(file.keys)
-        .unwrap_or_else(|| PathBuf::from(oxadbd::auth::DEFAULT_KEYS_PATH));
+    let keys = config::keys_file(keys, &FileConfig::load(config.as_deref())?);
     let (key, comment) = oxadbd::auth::read_public_key(public_key)?;
     if oxadbd::auth::trust_key(&keys, &key, &comment)? {
         println!(
@@ -409,7 +225,30 @@ fn run(args: Args) -> anyhow::Result<()> {
         other => other,
     };
     oxadb_io::tune_allocator();
-    let default_level = match args.verbose {
+    init_logging(args.verbose);
+    #[cfg(feature = "pairing")]
+    if let Some(Command::Pair(pair_args)) = subcommand {
+        return pair(pair_args);
+    }
+    #[cfg(not(feature = "pairing"))]
+    if let Some(Command::Pair { .. }) = subcommand {
+        anyhow::bail!(
+            "oxadbd pair: this oxadbd was built without pairing (cargo feature `pairing`)"
+        );
+    }
+    let settings = Settings::load(&args.flags, &Environment::of_process())?;
+    let state_dir = config::StateDir::resolve(settings.state_dir.clone());
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let result = runtime.block_on(serve(settings, state_dir));
+    // File threads of aborted pushes finish once their tasks are gone; do not
+    // wait for anything else.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
+}
+
+/// Logs to stderr at `verbose`'s level (or RUST_LOG's).
+fn init_logging(verbose: u8) {
+    let default_level = match verbose {
         0 => tracing::Level::INFO,
         1 => tracing::Level::DEBUG,
         _ => tracing::Level::TRACE,
@@ -427,148 +266,28 @@ fn run(args: Args) -> anyhow::Result<()> {
         .finish()
         .with(log_filter(default_level))
         .init();
-    #[cfg(feature = "pairing")]
-    if let Some(Command::Pair(pair_args)) = subcommand {
-        return pair(pair_args);
-    }
-    #[cfg(not(feature = "pairing"))]
-    if let Some(Command::Pair { .. }) = subcommand {
-        anyhow::bail!(
-            "oxadbd pair: this oxadbd was built without pairing (cargo feature `pairing`)"
-        );
-    }
+}
 
-    let file = FileConfig::load(args.config.as_deref())?;
-    let file_credit = file.credit_mode()?;
-    let file_budget = file.memory_budget()?;
-    let durability = args.durability.or(file.durability()?).unwrap_or_default();
-    let stop_grace = std::time::Duration::from_secs(
-        args.stop_grace
-            .or(file.stop_grace)
-            .unwrap_or(oxadbd::stop::DEFAULT_GRACE_SECS),
-    );
-    let state_dir = config::StateDir::resolve(args.state_dir.or(file.state_dir.clone()));
-    let mdns = file.announces_mdns(args.no_mdns)?;
-    let usb = UsbConfig::resolve(
-        &UsbFlags {
-            usb: args.usb,
-            ffs_dir: args.ffs_dir,
-            gadget: args.usb_gadget,
-            udc: args.usb_udc,
-        },
-        &file,
-    );
-    // With USB, TCP is served only when an address is given; a list that
-    // names only a vsock port serves no TCP either.
-    let places = match args.listen.or(file.listen.clone()) {
-        Some(listen) => config::parse_listen_list(&listen)?,
-        None if usb.is_some() => config::Listen::default(),
-        None => config::parse_listen_list(config::DEFAULT_LISTEN)?,
-    };
-    let tcp = places.tcp.is_some();
-    let vsock = places.vsock;
-    let listen = match places.tcp {
-        Some(listen) => listen,
-        None => config::parse_listen(config::DEFAULT_LISTEN)?,
-    };
-    let access = Access::resolve(
-        listen,
-        &AccessFlags {
-            auth: if args.auth {
-                Some(true)
-            } else if args.no_auth {
-                Some(false)
-            } else {
-                None
-            },
-            trust_local_users: args.trust_local_users,
-            keys: args.keys,
-            accept_new_keys: args.accept_new_keys,
-            tls: args.tls,
-            tls_key: args.tls_key,
-            tls_cert: args.tls_cert,
-            insecure: args.insecure,
-            max_connections: args.max_connections,
-            max_streams: args.max_streams,
-            handshake_timeout: args.handshake_timeout,
-            auth_timeout: args.auth_timeout,
-            stalled_stream_timeout: args.stalled_stream_timeout,
-            peer_timeout: args.peer_timeout,
-            usb: usb.is_some(),
-            vsock,
-        },
-        &file,
-    )?;
-    let device = config::DeviceSettings::resolve(args.reboot_command, args.no_tcpip, &file);
-    let config = DaemonConfig {
-        listen,
-        shell: args
-            .shell
-            .or(file.shell)
-            .unwrap_or_else(|| PathBuf::from("/bin/sh")),
-        framebuffer: args
-            .framebuffer
-            .or(file.framebuffer)
-            .unwrap_or_else(|| PathBuf::from(config::DEFAULT_FRAMEBUFFER)),
-        product_name: args
-            .product_name
-            .or(file.product_name)
-            .unwrap_or_else(config::default_product_name),
-        product_model: args
-            .product_model
-            .or(file.product_model)
-            .unwrap_or_else(config::default_product_model),
-        product_device: args
-            .product_device
-            .or(file.product_device)
-            .unwrap_or_else(config::default_product_device),
-        credit: if args.no_delayed_ack {
-            config::CreditMode::Classic
-        } else {
-            args.credit.or(file_credit).unwrap_or_default()
-        },
-        memory_budget: args
-            .memory_budget
-            .or(file_budget)
-            .map(config::BudgetLimits::from_limit)
-            .unwrap_or_else(oxadb_io::default_budget_limits),
-        ack_headroom: !args.no_ack_headroom && file.ack_headroom != Some(false),
-        access,
-        device,
-        durability,
-        // The flag, else the environment: off by default.
-        zero_copy: args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(false),
-    };
+/// Where the daemon serves, bound before anything else starts: a daemon that
+/// cannot start says only why.
+struct Listeners {
+    tcp: Option<tokio::net::TcpListener>,
+    vsock: Option<tokio_vsock::VsockListener>,
+    usb: Option<oxadb_ffs::FunctionFs>,
+}
 
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let result = runtime.block_on(async {
-        tracing::debug!(
-            shell = %config.shell.display(),
-            credit = %config.credit,
-            durability = %durability,
-            memory_budget = %oxadb_io::format_size(config.memory_budget.limit),
-            per_stream_cap = %oxadb_io::format_size(config.memory_budget.per_stream_cap),
-            max_payload = %oxadb_io::format_size(config.max_payload() as u64),
-            ack_headroom = config.ack_headroom,
-            keys = %config.access.keys.display(),
-            max_connections = config.access.max_connections,
-            max_streams = config.access.max_streams,
-            peer_timeout = ?config.access.peer_timeout.map(|t| t.timeout()),
-            "settings"
-        );
-        for unused in &config.access.unused {
-            tracing::warn!("{unused}");
-        }
-        let listener = match tcp.then_some(config.listen) {
-            Some(listen) => Some(
+impl Listeners {
+    async fn bind(settings: &Settings) -> anyhow::Result<Listeners> {
+        let listen = settings.daemon.listen;
+        let tcp = match settings.serves_tcp {
+            true => Some(
                 tokio::net::TcpListener::bind(listen)
                     .await
                     .with_context(|| format!("listening on {listen}"))?,
             ),
-            None => None,
+            false => None,
         };
-        let local = listener.as_ref().map(|l| l.local_addr()).transpose()?;
-        let vsock_listener = match vsock {
+        let vsock = match settings.vsock {
             Some(port) => Some(
                 tokio_vsock::VsockListener::bind(tokio_vsock::VsockAddr::new(
                     tokio_vsock::VMADDR_CID_ANY,
@@ -583,7 +302,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             ),
             None => None,
         };
-        let function = match &usb {
+        let usb = match &settings.usb {
             Some(usb) => {
                 let function = oxadb_ffs::FunctionFs::open(&usb.ffs_dir)?;
                 if let Some(gadget) = &usb.gadget {
@@ -597,162 +316,176 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
             None => None,
         };
-        // Once the listeners are bound (a daemon that cannot start says only
-        // why), and before the first host is served.
-        let journal = open_journal(&state_dir)?;
-        // The one line a service manager shows: where, who needs a key, and
-        // how to trust one.
-        let places = [
-            local.map(|local| local.to_string()),
-            vsock.map(|port| format!("vsock:{port}")),
-            usb.as_ref()
-                .map(|usb| format!("USB ({})", usb.ffs_dir.display())),
-        ];
-        let places: Vec<String> = places.into_iter().flatten().collect();
-        let access = &config.access;
-        let euid = rustix::process::geteuid().as_raw();
-        let mut line = format!(
-            "listening on {}; {}",
-            places.join(" and "),
-            access.describe(local, euid, access.keys.exists())
-        );
-        if let Some(command) = access.trust_command() {
-            line.push_str(&format!("; to trust a host: {command}"));
-        }
-        tracing::info!("{line}");
-        if let Some(local) = local.filter(|&local| access.is_insecure_exposure(local)) {
-            tracing::warn!(
-                "--insecure: listening on {local} WITHOUT authentication; anyone who \
-                 can reach this address gets a root shell"
-            );
-        } else if let Some(local) = local.filter(|_| access.keyless == Keyless::Everyone) {
-            tracing::warn!(
-                "--no-auth: listening on {local} WITHOUT authentication; every local user \
-                 gets a root shell"
-            );
-        }
-        if let Some(port) = vsock.filter(|_| access.keyless == Keyless::Everyone) {
-            tracing::warn!(
-                "--insecure: listening on vsock:{port} WITHOUT authentication; every \
-                 virtual machine and host that reaches it gets a root shell"
-            );
-        }
-        if usb.is_some() && access.keyless == Keyless::Everyone {
-            tracing::warn!(
-                "--no-auth over USB: any host plugged into this device gets a root shell"
-            );
-        }
-        if access.keyless == Keyless::LocalUsers {
-            tracing::warn!(
-                "--trust-local-users: every local user who connects over loopback gets a \
-                 root shell WITHOUT a key"
-            );
-        }
-        if config.access.accept_new_keys {
-            tracing::warn!(
-                keys = %config.access.keys.display(),
-                "--accept-new-keys: any host that offers a key is trusted and its key recorded"
-            );
-        }
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut interrupt =
-            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
-        let mut terminate =
-            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
-        let daemon = oxadbd::server::Daemon::new(config, journal.clone());
-        // Memory freed after a transfer goes back to the system once
-        // connections have been quiet for a second (a 512 MiB board cannot
-        // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
-        tokio::spawn(
-            daemon
-                .activity()
-                .trim_when_idle(std::time::Duration::from_secs(1)),
-        );
-        #[cfg(feature = "mdns")]
-        if mdns {
-            daemon.announce_mdns(state_dir.path());
-        }
-        #[cfg(not(feature = "mdns"))]
-        let _ = mdns;
-        // Without a listener, a USB host may still ask for one (`adb tcpip`).
-        let tcp = async {
-            oxadbd::server::serve_tcp_switchable(listener, daemon.clone())
+        Ok(Listeners { tcp, vsock, usb })
+    }
+}
+
+/// Runs the daemon with `settings` until SIGINT or SIGTERM, then stops it.
+async fn serve(settings: Settings, state_dir: config::StateDir) -> anyhow::Result<()> {
+    settings.log();
+    let listeners = Listeners::bind(&settings).await?;
+    let local = listeners.tcp.as_ref().map(|l| l.local_addr()).transpose()?;
+    // Once the listeners are bound, and before the first host is served.
+    let journal = open_journal(&state_dir)?;
+    announce(&settings, local);
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let Settings {
+        daemon: config,
+        stop_grace,
+        mdns,
+        ..
+    } = settings;
+    let daemon = oxadbd::server::Daemon::new(config, journal.clone());
+    // Memory freed after a transfer goes back to the system once
+    // connections have been quiet for a second (a 512 MiB board cannot
+    // leave ~100 MiB parked in the allocator, docs/benchmarks.md).
+    tokio::spawn(
+        daemon
+            .activity()
+            .trim_when_idle(std::time::Duration::from_secs(1)),
+    );
+    #[cfg(feature = "mdns")]
+    if mdns {
+        daemon.announce_mdns(state_dir.path());
+    }
+    #[cfg(not(feature = "mdns"))]
+    let _ = mdns;
+    // Without a listener, a USB host may still ask for one (`adb tcpip`).
+    let tcp = async {
+        oxadbd::server::serve_tcp_switchable(listeners.tcp, daemon.clone())
+            .await
+            .context("serving TCP")
+    };
+    let vsock = async {
+        match listeners.vsock {
+            Some(listener) => oxadbd::server::serve_vsock(listener, daemon.clone())
                 .await
-                .context("serving TCP")
-        };
-        let vsock = async {
-            match vsock_listener {
-                Some(listener) => oxadbd::server::serve_vsock(listener, daemon.clone())
-                    .await
-                    .context("serving vsock"),
-                None => std::future::pending().await,
-            }
-        };
-        let usb = async {
-            match function {
-                Some(function) => oxadbd::server::serve_usb(function, daemon.clone())
-                    .await
-                    .context("serving USB"),
-                None => std::future::pending().await,
-            }
-        };
-        let stopped_by = tokio::select! {
-            result = tcp => return result,
-            result = vsock => return result,
-            result = usb => return result,
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
-        };
-        // Browsers forget the device now rather than when the records expire.
-        #[cfg(feature = "mdns")]
-        daemon.withdraw_mdns();
-        // The listeners are closed (their futures dropped above): a restarted
-        // daemon can bind at once. SIGINT is someone at a terminal: no grace.
-        let grace = if stopped_by == "SIGTERM" {
-            stop_grace
-        } else {
-            std::time::Duration::ZERO
-        };
-        let in_flight = oxadbd::stop::begin();
-        let deadline = tokio::time::Instant::now() + grace;
-        let mut again = None;
-        while oxadbd::stop::active_pushes() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
-                _ = interrupt.recv() => { again = Some("SIGINT"); break; }
-                _ = terminate.recv() => { again = Some("SIGTERM"); break; }
-            }
+                .context("serving vsock"),
+            None => std::future::pending().await,
         }
-        // Pushes still running never complete now: remove their temporary
-        // files so nothing half-written is left beside a destination.
-        let aborted = oxadbd::stop::active_pushes();
-        let removed = oxadbd::services::sync::remove_unfinished_pushes();
-        if let Some(journal) = journal.as_ref().filter(|_| aborted == 0) {
-            journal.close();
+    };
+    let usb = async {
+        match listeners.usb {
+            Some(function) => oxadbd::server::serve_usb(function, daemon.clone())
+                .await
+                .context("serving USB"),
+            None => std::future::pending().await,
         }
-        let finished = oxadbd::stop::finished_while_stopping();
-        if finished > 0 && again.is_none() {
-            // The OKAYs of the last pushes are queued on their connections;
-            // their tasks write them out in well under this (they end with
-            // the runtime), so the hosts hear that the pushes arrived.
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let stopped_by = tokio::select! {
+        result = tcp => return result,
+        result = vsock => return result,
+        result = usb => return result,
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    };
+    // Browsers forget the device now rather than when the records expire.
+    #[cfg(feature = "mdns")]
+    daemon.withdraw_mdns();
+    // The listeners are closed (their futures dropped above): a restarted
+    // daemon can bind at once. SIGINT is someone at a terminal: no grace.
+    let grace = if stopped_by == "SIGTERM" {
+        stop_grace
+    } else {
+        std::time::Duration::ZERO
+    };
+    let in_flight = oxadbd::stop::begin();
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut again = None;
+    while oxadbd::stop::active_pushes() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            _ = interrupt.recv() => { again = Some("SIGINT"); break; }
+            _ = terminate.recv() => { again = Some("SIGTERM"); break; }
         }
-        tracing::info!(
-            in_flight,
-            finished,
-            aborted,
-            removed_temporary_files = removed,
-            grace_s = grace.as_secs_f64(),
-            "{stopped_by}{}: exiting; {finished} of {in_flight} pushes in flight finished, \
-             {aborted} aborted",
-            again.map(|s| format!(" then {s}")).unwrap_or_default()
+    }
+    // Pushes still running never complete now: remove their temporary
+    // files so nothing half-written is left beside a destination.
+    let aborted = oxadbd::stop::active_pushes();
+    let removed = oxadbd::services::sync::remove_unfinished_pushes();
+    if let Some(journal) = journal.as_ref().filter(|_| aborted == 0) {
+        journal.close();
+    }
+    let finished = oxadbd::stop::finished_while_stopping();
+    if finished > 0 && again.is_none() {
+        // The OKAYs of the last pushes are queued on their connections;
+        // their tasks write them out in well under this (they end with
+        // the runtime), so the hosts hear that the pushes arrived.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tracing::info!(
+        in_flight,
+        finished,
+        aborted,
+        removed_temporary_files = removed,
+        grace_s = grace.as_secs_f64(),
+        "{stopped_by}{}: exiting; {finished} of {in_flight} pushes in flight finished, \
+         {aborted} aborted",
+        again.map(|s| format!(" then {s}")).unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// The one line a service manager shows (where, who needs a key, and how to
+/// trust one), and a warning for every way in without a key.
+fn announce(settings: &Settings, local: Option<std::net::SocketAddr>) {
+    let places = [
+        local.map(|local| local.to_string()),
+        settings.vsock.map(|port| format!("vsock:{port}")),
+        settings
+            .usb
+            .as_ref()
+            .map(|usb| format!("USB ({})", usb.ffs_dir.display())),
+    ];
+    let places: Vec<String> = places.into_iter().flatten().collect();
+    let access = &settings.daemon.access;
+    let euid = rustix::process::geteuid().as_raw();
+    let mut line = format!(
+        "listening on {}; {}",
+        places.join(" and "),
+        access.describe(local, euid, access.keys.exists())
+    );
+    if let Some(command) = access.trust_command() {
+        line.push_str(&format!("; to trust a host: {command}"));
+    }
+    tracing::info!("{line}");
+    if let Some(local) = local.filter(|&local| access.is_insecure_exposure(local)) {
+        tracing::warn!(
+            "--insecure: listening on {local} WITHOUT authentication; anyone who \
+             can reach this address gets a root shell"
         );
-        Ok(())
-    });
-    // File threads of aborted pushes finish once their tasks are gone; do not
-    // wait for anything else.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    result
+    } else if let Some(local) = local.filter(|_| access.keyless == Keyless::Everyone) {
+        tracing::warn!(
+            "--no-auth: listening on {local} WITHOUT authentication; every local user \
+             gets a root shell"
+        );
+    }
+    if let Some(port) = settings
+        .vsock
+        .filter(|_| access.keyless == Keyless::Everyone)
+    {
+        tracing::warn!(
+            "--insecure: listening on vsock:{port} WITHOUT authentication; every \
+             virtual machine and host that reaches it gets a root shell"
+        );
+    }
+    if settings.usb.is_some() && access.keyless == Keyless::Everyone {
+        tracing::warn!("--no-auth over USB: any host plugged into this device gets a root shell");
+    }
+    if access.keyless == Keyless::LocalUsers {
+        tracing::warn!(
+            "--trust-local-users: every local user who connects over loopback gets a \
+             root shell WITHOUT a key"
+        );
+    }
+    if access.accept_new_keys {
+        tracing::warn!(
+            keys = %access.keys.display(),
+            "--accept-new-keys: any host that offers a key is trusted and its key recorded"
+        );
+    }
 }
 
 /// Sweeps the state directory for what a killed daemon left and opens this

@@ -6,12 +6,7 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use oxadb::{ConnectOptions, Device, DeviceService};
-
-/// The heading of the flow-control flags: for measurements, not daily use,
-/// so only the top-level help lists them and they go before the command
-/// (`oxadb --no-burst push ...`).
-const TUNING: &str = "Tuning (before the command)";
+use oxadb::{Device, DeviceService};
 
 /// Android Debug Bridge host tool. Commands, flags and exit codes follow
 /// Google's adb; there is no adb server: each command connects to the device.
@@ -28,47 +23,8 @@ struct Args {
     /// [default: the only USB device present, else 127.0.0.1:5555].
     #[arg(short = 's', long = "serial", env = "ANDROID_SERIAL", global = true)]
     serial: Option<String>,
-    /// Classic flow control (one packet in flight per stream) even when the
-    /// device supports burst mode; for comparisons.
-    #[arg(long, conflicts_with = "credit", help_heading = TUNING)]
-    no_burst: bool,
-    /// Push files with `sendfile` over TCP, the default (OXADB_ZERO_COPY=1):
-    /// the file's data never passes through oxadb's memory.
-    #[arg(long, conflicts_with = "no_zero_copy", help_heading = TUNING)]
-    zero_copy: bool,
-    /// Push files by reading them into buffers, as over USB and TLS (the
-    /// same as OXADB_ZERO_COPY=0).
-    #[arg(long, help_heading = TUNING)]
-    no_zero_copy: bool,
-    /// How far a pulled file reaches storage before pull reports it: full
-    /// (fsync the file, rename it into place, fsync its directory), rename
-    /// (fsync the file before the rename; the rename may be lost in a power
-    /// cut) or none (no flush, as adb) [default: full].
-    #[arg(long, value_name = "full|rename|none", help_heading = TUNING)]
-    durability: Option<oxadb_transfer::Durability>,
-    /// Flow control: classic (one packet in flight, like --no-burst), aosp
-    /// (burst mode with AOSP's fixed 32 MiB credit per stream) or adaptive
-    /// (burst mode, credit grown from the measured rate and round trip).
-    #[arg(
-        long,
-        help_heading = TUNING,
-        value_name = "classic|aosp|adaptive",
-        value_parser = oxadb_io::parse_credit_mode
-    )]
-    credit: Option<oxadb::CreditMode>,
-    /// Receive memory this process's streams may commit together (e.g. 64M)
-    /// [default: 3/32 of the available memory, as Linux sizes tcp_mem].
-    #[arg(long, value_name = "SIZE", value_parser = oxadb_io::parse_size, help_heading = TUNING)]
-    memory_budget: Option<u64>,
-    /// Turn off the adaptive window's headroom for clumped deliveries (for
-    /// measuring what it brings).
-    #[arg(long, help_heading = TUNING)]
-    no_ack_headroom: bool,
-    /// Seconds a TCP device may stay silent (keepalive probes after half of
-    /// it, data unacknowledged for all of it) before the command fails with
-    /// "lost the connection"; 0 leaves the kernel's defaults [default: 30].
-    #[arg(long, value_name = "SECS", env = "OXADB_PEER_TIMEOUT", help_heading = TUNING)]
-    peer_timeout: Option<u64>,
+    #[command(flatten)]
+    tuning: cli::settings::Tuning,
     /// Log protocol details to stderr (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -307,8 +263,7 @@ fn main() -> ExitCode {
         // On Ctrl-C or SIGTERM half-written pull files are removed, then the
         // command is dropped (restoring the terminal, and closing the pull
         // journal, which no longer has anything to find): nothing partial is left.
-        let command = run(args);
-        tokio::pin!(command);
+        let mut command = Box::pin(run(args));
         let signal_number = tokio::select! {
             result = &mut command => return result,
             _ = interrupt.recv() => libc::SIGINT,
@@ -344,42 +299,20 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         keygen(file)?;
         return Ok(0);
     }
-    let mut options = ConnectOptions::default();
-    // Pushes by sendfile unless told otherwise: 1.2 times the copying push
-    // on loopback, less CPU on any link (docs/benchmarks.md, "Zero-copy sends").
-    options.zero_copy = if args.no_zero_copy {
-        false
-    } else {
-        args.zero_copy || oxadb_transfer::zero_copy_from_env().unwrap_or(true)
-    };
-    if args.no_burst {
-        options.credit = oxadb::CreditMode::Classic;
-    }
-    if let Some(credit) = args.credit {
-        options.credit = credit;
-    }
-    // One budget for every connection this command makes (the limit is per
-    // process, docs/flow-control.md, "Memory budget").
-    let budget = args
-        .memory_budget
-        .map(oxadb::BudgetLimits::from_limit)
-        .unwrap_or_else(oxadb_io::default_budget_limits);
-    options.memory_budget = Some(std::sync::Arc::new(oxadb::MemoryBudget::new(budget)));
-    options.ack_headroom = !args.no_ack_headroom;
-    if let Some(secs) = args.peer_timeout {
-        options.peer_timeout = oxadb_io::PeerTimeout::from_secs(secs);
-    }
+    let settings =
+        cli::settings::Settings::resolve(&args.tuning, &cli::settings::Environment::of_process());
+    let options = &settings.connect;
     // Commands that need no device, or pick it themselves.
     match &args.command {
         Command::Connect { address } => {
-            return cli::connect::connect(address.as_deref(), &options).await
+            return cli::connect::connect(address.as_deref(), options).await
         }
         Command::Disconnect { address } => return cli::connect::disconnect(address.as_deref()),
         Command::Pair { address, code } => return cli::pair::pair(address, code.as_deref()).await,
         Command::KillServer => return cli::connect::kill_server(),
         Command::Devices(devices) => {
             let connected = cli::state::State::load()?.devices;
-            return cli::devices::devices(args.serial.as_deref(), &connected, &options, devices)
+            return cli::devices::devices(args.serial.as_deref(), &connected, options, devices)
                 .await;
         }
         Command::StartServer => return Ok(0),
@@ -424,10 +357,10 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     };
     let serial = serial.as_deref();
     match &args.command {
-        Command::Reconnect => return cli::connect::reconnect(serial, &options).await,
+        Command::Reconnect => return cli::connect::reconnect(serial, options).await,
         Command::External(words) => {
             let name = words.first().map(String::as_str).unwrap_or("");
-            if let Some(result) = cli::connect::wait_for(name, serial, &options).await {
+            if let Some(result) = cli::connect::wait_for(name, serial, options).await {
                 return result;
             }
             unreachable!("only wait-for-* gets here")
@@ -447,7 +380,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         })
         .await?;
     }
-    let device = Device::connect_serial(serial, &options).await?;
+    let device = Device::connect_serial(serial, options).await?;
     let code = match &args.command {
         Command::Shell(shell) => cli::shell::shell(&device, shell).await?,
         Command::ExecOut(exec) => cli::shell::exec_out(&device, exec).await?,
@@ -456,7 +389,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
             0
         }
         Command::Pull(pull) => {
-            cli::transfer::pull(&device, pull, args.durability.unwrap_or_default()).await?;
+            cli::transfer::pull(&device, pull, settings.durability).await?;
             0
         }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,

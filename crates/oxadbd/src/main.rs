@@ -279,13 +279,14 @@ struct Listeners {
 impl Listeners {
     async fn bind(settings: &Settings) -> anyhow::Result<Listeners> {
         let listen = settings.daemon.listen;
-        let tcp = match settings.serves_tcp {
-            true => Some(
+        let tcp = if settings.serves_tcp {
+            Some(
                 tokio::net::TcpListener::bind(listen)
                     .await
                     .with_context(|| format!("listening on {listen}"))?,
-            ),
-            false => None,
+            )
+        } else {
+            None
         };
         let vsock = match settings.vsock {
             Some(port) => Some(
@@ -384,10 +385,24 @@ async fn serve(settings: Settings, state_dir: config::StateDir) -> anyhow::Resul
     // Browsers forget the device now rather than when the records expire.
     #[cfg(feature = "mdns")]
     daemon.withdraw_mdns();
-    // The listeners are closed (their futures dropped above): a restarted
-    // daemon can bind at once. SIGINT is someone at a terminal: no grace.
+    stop(stopped_by, stop_grace, journal, interrupt, terminate).await;
+    Ok(())
+}
+
+/// Stops after `stopped_by`: the listeners are closed already (their futures
+/// dropped), so a restarted daemon can bind at once; pushes in flight get
+/// `grace` after SIGTERM (none after SIGINT, someone at a terminal, or a
+/// second signal), then the rest are aborted and their temporary files
+/// removed.
+async fn stop(
+    stopped_by: &'static str,
+    grace: std::time::Duration,
+    journal: Option<std::sync::Arc<oxadb_transfer::Journal>>,
+    mut interrupt: tokio::signal::unix::Signal,
+    mut terminate: tokio::signal::unix::Signal,
+) {
     let grace = if stopped_by == "SIGTERM" {
-        stop_grace
+        grace
     } else {
         std::time::Duration::ZERO
     };
@@ -425,7 +440,6 @@ async fn serve(settings: Settings, state_dir: config::StateDir) -> anyhow::Resul
          {aborted} aborted",
         again.map(|s| format!(" then {s}")).unwrap_or_default()
     );
-    Ok(())
 }
 
 /// The one line a service manager shows (where, who needs a key, and how to

@@ -344,7 +344,9 @@ fn apply_exact_mode(file: &File, mode: u32, path: &Path) {
     }
 }
 
-/// This process's umask (read once).
+/// This process's umask (read once). A cache of the kernel's own
+/// per-process value, not a setting of ours: it saves a /proc read per file,
+/// and nothing in the workspace changes the umask after start.
 pub fn process_umask() -> u32 {
     static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *UMASK.get_or_init(read_umask)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of oxadbd's push journal (--state-dir): Google adb pushing trees
 of small files (4 KiB) into a disk-backed directory, with and without a
-state directory, at --durability full (the default) and none, runs
+state directory (`--no-state-dir`), at --durability full (the default) and none, runs
 interleaved, the median of --runs each. The journal writes once per new
 directory, so the trees differ in how many directories hold the files:
 1000 files in 1 directory, and in 100 directories of 10. `sync` runs
@@ -60,7 +60,10 @@ def main() -> int:
     try:
         for setup in SETUPS:
             level, _, journal = setup.partition("+")
-            extra = ("--state-dir", str(work / f"state-{level}")) if journal else ()
+            # Without --no-state-dir the daemon would journal into its default
+            # state directory and the baseline would pay the same cost.
+            extra = (("--state-dir", str(work / f"state-{level}")) if journal
+                     else ("--no-state-dir",))
             d = Daemon(resolve_oxadbd(), work / f"daemon-{setup}",
                        args=("--durability", level, *extra), rust_log="info")
             d.start()

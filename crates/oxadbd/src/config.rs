@@ -920,6 +920,8 @@ pub enum StateDir {
         path: PathBuf,
         system_unusable: String,
     },
+    /// `--no-state-dir`: none wanted.
+    Off,
     /// Neither could be used: why not, for each.
     None {
         system_unusable: String,
@@ -972,7 +974,7 @@ impl StateDir {
             StateDir::Given(path) | StateDir::System(path) | StateDir::User { path, .. } => {
                 Some(path)
             }
-            StateDir::None { .. } => None,
+            StateDir::Off | StateDir::None { .. } => None,
         }
     }
 }

@@ -76,6 +76,11 @@ pub struct Flags {
     /// may not, $XDG_STATE_HOME/oxadbd or ~/.local/state/oxadbd].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Keep no state directory: no push journal (a killed daemon's temporary
+    /// push files are not found at the next start) and an mDNS instance name
+    /// made anew at each start. For a read-only root without one.
+    #[arg(long, conflicts_with = "state_dir")]
+    pub no_state_dir: bool,
     /// Seconds pushes in flight may take to finish after SIGTERM before they
     /// are aborted (a second SIGTERM or SIGINT stops at once) [default: 5].
     #[arg(long, value_name = "SECS")]

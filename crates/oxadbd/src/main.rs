@@ -237,7 +237,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let settings = Settings::load(&args.flags, &Environment::of_process())?;
-    let state_dir = config::StateDir::resolve(settings.state_dir.clone());
+    let state_dir = if settings.no_state_dir {
+        config::StateDir::Off
+    } else {
+        config::StateDir::resolve(settings.state_dir.clone())
+    };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let result = runtime.block_on(serve(settings, state_dir));
     // File threads of aborted pushes finish once their tasks are gone; do not
@@ -524,6 +528,13 @@ fn open_journal(
                 path.display()
             );
             path
+        }
+        config::StateDir::Off => {
+            tracing::info!(
+                "no state directory (--no-state-dir): temporary files of a killed daemon \
+                 will not be found at start"
+            );
+            return Ok(None);
         }
         config::StateDir::None {
             system_unusable,

@@ -45,6 +45,8 @@ pub struct Settings {
     /// `--state-dir` or `state-dir`, if given; which directory is used is
     /// found at start ([`config::StateDir::resolve`], which may make it).
     pub state_dir: Option<PathBuf>,
+    /// `--no-state-dir`: keep none, whatever the file says.
+    pub no_state_dir: bool,
     /// How long pushes in flight may take to finish after SIGTERM.
     pub stop_grace: Duration,
     /// The TCP listener is announced over mDNS.
@@ -164,6 +166,7 @@ impl Settings {
             vsock: places.vsock,
             usb,
             state_dir,
+            no_state_dir: flags.no_state_dir,
             stop_grace,
             mdns,
         })

@@ -13,13 +13,15 @@ use std::time::Duration;
 
 const NOBODY: u32 = 65534;
 
-#[test]
-fn a_user_daemon_keeps_its_journal_in_its_own_state_directory() {
-    let home = tempfile::tempdir().unwrap();
+/// A daemon run as a user who may not make /var/lib/oxadbd (nobody, when
+/// the test runs as root) with `home` as HOME and `extra` arguments, and its
+/// log lines up to "listening on". Returns the child, the lines and whether
+/// it runs as nobody.
+fn start_as_user(home: &Path, extra: &[&str]) -> (std::process::Child, Vec<String>, bool) {
     let root = rustix::process::geteuid().is_root();
     let mut command = if root {
         rustix::fs::chown(
-            home.path(),
+            home,
             Some(rustix::process::Uid::from_raw(NOBODY)),
             Some(rustix::process::Gid::from_raw(NOBODY)),
         )
@@ -34,15 +36,16 @@ fn a_user_daemon_keeps_its_journal_in_its_own_state_directory() {
     } else {
         Command::new(env!("CARGO_BIN_EXE_oxadbd"))
     };
-    let keys = home.path().join("adb_keys");
+    let keys = home.join("adb_keys");
     let mut daemon = command
         .args(["--listen", "127.0.0.1:0", "--no-mdns", "--keys"])
         .arg(&keys)
-        .env("HOME", home.path())
+        .args(extra)
+        .env("HOME", home)
         .env_remove("XDG_STATE_HOME")
         .env_remove("RUST_LOG")
         .env("NO_COLOR", "1")
-        .current_dir(home.path())
+        .current_dir(home)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -72,6 +75,30 @@ fn a_user_daemon_keeps_its_journal_in_its_own_state_directory() {
             }
         }
     }
+    (daemon, seen, root)
+}
+
+/// Sends SIGTERM once the daemon catches it (its handler comes just after
+/// "listening on") and waits for a clean exit.
+fn stop(daemon: &mut std::process::Child) {
+    let status = format!("/proc/{}/status", daemon.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !catches_sigterm(&std::fs::read_to_string(&status).unwrap()) {
+        assert!(std::time::Instant::now() < deadline, "no SIGTERM handler");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on the child's pid; it is not reaped before the wait below.
+    assert_eq!(
+        unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    assert!(daemon.wait().unwrap().success());
+}
+
+#[test]
+fn a_user_daemon_keeps_its_journal_in_its_own_state_directory() {
+    let home = tempfile::tempdir().unwrap();
+    let (mut daemon, seen, root) = start_as_user(home.path(), &[]);
 
     let state = home.path().join(".local/state/oxadbd");
     let said = seen
@@ -98,21 +125,26 @@ fn a_user_daemon_keeps_its_journal_in_its_own_state_directory() {
     let journal = state.join(format!("pending-dirs.{}", daemon.id()));
     assert!(journal.exists(), "{:?}", entries(&state));
 
-    // A clean stop with nothing unfinished takes its journal along, once the
-    // daemon catches SIGTERM (its handler comes just after that line).
-    let status = format!("/proc/{}/status", daemon.id());
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !catches_sigterm(&std::fs::read_to_string(&status).unwrap()) {
-        assert!(std::time::Instant::now() < deadline, "no SIGTERM handler");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // SAFETY: kill(2) on the child's pid; it is not reaped before the wait below.
-    assert_eq!(
-        unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    assert!(daemon.wait().unwrap().success());
+    // A clean stop with nothing unfinished takes its journal along.
+    stop(&mut daemon);
     assert!(entries(&state).is_empty(), "{:?}", entries(&state));
+}
+
+#[test]
+fn no_state_dir_keeps_no_journal_anywhere() {
+    let home = tempfile::tempdir().unwrap();
+    let (mut daemon, seen, _) = start_as_user(home.path(), &["--no-state-dir"]);
+    assert!(
+        seen.iter()
+            .any(|line| line.contains("no state directory (--no-state-dir)")),
+        "{seen:#?}"
+    );
+    assert!(!seen
+        .iter()
+        .any(|line| line.contains("using this user's state directory")));
+    // The user's state directory, the fallback without the flag, is not made.
+    assert!(!home.path().join(".local/state/oxadbd").exists());
+    stop(&mut daemon);
 }
 
 /// Whether a `/proc/PID/status` text has SIGTERM among the caught signals

@@ -34,8 +34,17 @@ pub struct BudgetLimits {
     pub per_stream_cap: u64,
 }
 
+/// The largest adaptive window, for links whose bandwidth-delay product
+/// AOSP's fixed credit does not cover (32 MiB is 1 Gbit/s for 268 ms):
+/// three times 1 Gbit/s over 680 ms, a geostationary satellite hop, or
+/// 10 Gbit/s over 70 ms. The budget caps it far lower on most hosts (a
+/// stream gets an eighth of the limit, [`BudgetLimits::from_limit`]); it
+/// lives here, with the other caps, so that the credit policies depend on
+/// the budget and not the other way round.
+pub const MAX_ADAPTIVE_WINDOW: u32 = 256 * 1024 * 1024;
+
 /// The largest window any stream gets, however large the budget.
-const MAX_PER_STREAM: u64 = crate::credit::MAX_ADAPTIVE_WINDOW as u64;
+const MAX_PER_STREAM: u64 = MAX_ADAPTIVE_WINDOW as u64;
 
 /// The smallest packet [`BudgetLimits::packet_size`] chooses: AOSP's
 /// largest sync DATA payload (`SYNC_DATA_MAX`), so a push or pull never

@@ -25,12 +25,7 @@ pub use adaptive::{AdaptiveParams, AdaptiveWindow};
 /// AOSP's `INITIAL_DELAYED_ACK_BYTES`: the fixed credit each side grants per stream.
 pub const AOSP_INITIAL_CREDIT: u32 = 32 * 1024 * 1024;
 
-/// The largest adaptive window, for links whose bandwidth-delay product
-/// AOSP's fixed credit does not cover (32 MiB is 1 Gbit/s for 268 ms):
-/// three times 1 Gbit/s over 680 ms, a geostationary satellite hop, or
-/// 10 Gbit/s over 70 ms. The memory budget caps it far lower on most hosts
-/// (a stream gets an eighth of the limit: `budget.rs`).
-pub const MAX_ADAPTIVE_WINDOW: u32 = 256 * 1024 * 1024;
+pub use crate::budget::MAX_ADAPTIVE_WINDOW;
 
 /// What the sender side of a stream may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -737,7 +737,15 @@ pub(crate) struct LinkRun {
     pub(crate) names: [String; 2],
 }
 
-pub fn emulated(args: EmulatedArgs) -> Result<()> {
+/// What [`emulated`] measured, for `emulated_report` to print.
+pub(crate) struct EmulatedResults {
+    pub(crate) args: EmulatedArgs,
+    pub(crate) oxadb: PathBuf,
+    pub(crate) oxadbd: PathBuf,
+    pub(crate) runs: Vec<LinkRun>,
+}
+
+pub(crate) fn emulated(args: EmulatedArgs) -> Result<EmulatedResults> {
     // First, before any thread exists: every later thread inherits the mask.
     emulator::install_signal_cleanup()?;
     ensure!(args.runs >= 1, "--runs must be at least 1");
@@ -812,7 +820,7 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
     ensure!(!dir.exists(), "{} already exists", dir.display());
     std::fs::create_dir_all(dir.join("oxadb-home"))?;
     emulator::register_path(&dir);
-    let result = (|| -> Result<()> {
+    let result = (|| -> Result<Vec<LinkRun>> {
         let source = dir.join("random.bin");
         eprintln!("writing {} random bytes to {}", args.size, source.display());
         crate::write_random_file(&source, args.size)?;
@@ -844,12 +852,16 @@ pub fn emulated(args: EmulatedArgs) -> Result<()> {
             std::fs::metadata("/dev/null")?.file_type().is_char_device(),
             "/dev/null is no longer a character device"
         );
-        crate::emulated_report::print(&args, &oxadb, &oxadbd, &runs);
-        Ok(())
+        Ok(runs)
     })();
     let _ = std::fs::remove_dir_all(&dir);
     emulator::forget_path(&dir);
-    result
+    Ok(EmulatedResults {
+        runs: result?,
+        args,
+        oxadb,
+        oxadbd,
+    })
 }
 
 /// The link's shape at round trip `rtt`.

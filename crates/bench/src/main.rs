@@ -173,7 +173,16 @@ fn main() -> Result<()> {
             std::time::Duration::from_secs_f64(stall_seconds),
         ),
         Bench::Simulate { size, series_dir } => simulate::simulate(size, series_dir.as_deref()),
-        Bench::Emulated(args) => emulated::emulated(*args),
+        Bench::Emulated(args) => {
+            let measured = emulated::emulated(*args)?;
+            emulated_report::print(
+                &measured.args,
+                &measured.oxadb,
+                &measured.oxadbd,
+                &measured.runs,
+            );
+            Ok(())
+        }
         Bench::ForwardLoopback(args) => forward_loopback::forward_loopback(args),
     }
 }

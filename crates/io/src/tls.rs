@@ -942,17 +942,27 @@ mod tests {
         (outcome, took, engine)
     }
 
-    #[tokio::test]
-    async fn negotiate_gives_up_at_the_engines_handshake_deadline() {
-        // No CNXN at all.
-        let (outcome, took, engine) = negotiate_against(|socket| async move { socket }).await;
+    /// Closed by the engine's 300 ms deadline: not before it, and not at
+    /// some later limit (the bound allows a loaded runner seconds of delay).
+    fn assert_gave_up_at_the_deadline(
+        outcome: &Result<TcpTransport, ConnectionError>,
+        took: std::time::Duration,
+        engine: &oxadb_engine::Connection,
+    ) {
         assert!(matches!(outcome, Err(ConnectionError::Closed)));
         assert!(engine.handshake_timed_out());
         assert!(
             took >= std::time::Duration::from_millis(300)
-                && took < std::time::Duration::from_secs(2),
+                && took < std::time::Duration::from_secs(10),
             "{took:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn negotiate_gives_up_at_the_engines_handshake_deadline() {
+        // No CNXN at all.
+        let (outcome, took, engine) = negotiate_against(|socket| async move { socket }).await;
+        assert_gave_up_at_the_deadline(&outcome, took, &engine);
 
         // CNXN at once, STLS back, then neither STLS nor a TLS handshake:
         // still the deadline counted from the start.
@@ -971,12 +981,6 @@ mod tests {
             socket
         })
         .await;
-        assert!(matches!(outcome, Err(ConnectionError::Closed)));
-        assert!(engine.handshake_timed_out());
-        assert!(
-            took >= std::time::Duration::from_millis(300)
-                && took < std::time::Duration::from_secs(2),
-            "{took:?}"
-        );
+        assert_gave_up_at_the_deadline(&outcome, took, &engine);
     }
 }

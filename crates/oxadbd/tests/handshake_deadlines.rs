@@ -139,8 +139,10 @@ async fn a_tcp_host_without_cnxn_is_closed_at_the_handshake_timeout() {
     let connected = Instant::now();
     assert!(!read_until_closed(&mut socket).await, "nothing was sent");
     let after = connected.elapsed();
+    // The upper bound only tells the deadline from the 60 s auth limit: a
+    // loaded 2-core runner may be seconds late.
     assert!(
-        after >= Duration::from_millis(700) && after < Duration::from_secs(3),
+        after >= Duration::from_millis(700) && after < Duration::from_secs(30),
         "closed after {after:?}"
     );
     let peer = format!("peer={}", socket.local_addr().unwrap());
@@ -150,27 +152,27 @@ async fn a_tcp_host_without_cnxn_is_closed_at_the_handshake_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_host_that_never_authenticates_is_closed_at_the_auth_timeout_from_accept() {
-    // CNXN well in time, 1.5 s after accept; authentication is due 2 s
-    // after accept (3.5 s if it counted from CNXN, 6.5 s if it waited for
-    // the handshake timeout first).
+    // CNXN well in time, 3 s after accept; authentication is due 4 s after
+    // accept (7 s if it counted from CNXN, 14 s if it waited for the
+    // handshake timeout first): margins of seconds for a loaded runner.
     capture_log();
     let (address, server) = serve_tcp(daemon_config(
-        Duration::from_secs(5),
-        Duration::from_secs(2),
+        Duration::from_secs(10),
+        Duration::from_secs(4),
     ))
     .await;
     let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
     let connected = Instant::now();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     socket.write_all(&cnxn()).await.unwrap();
     assert!(read_until_closed(&mut socket).await, "an AUTH token came");
     let after = connected.elapsed();
     assert!(
-        after >= Duration::from_millis(1900) && after < Duration::from_millis(3200),
+        after >= Duration::from_millis(3900) && after < Duration::from_millis(6500),
         "closed after {after:?}"
     );
     let peer = format!("peer={}", socket.local_addr().unwrap());
-    assert_logged_once(&peer, "the host did not authenticate in time", 2);
+    assert_logged_once(&peer, "the host did not authenticate in time", 4);
     server.abort();
 }
 
@@ -209,7 +211,7 @@ async fn over_usb_cnxn_has_no_deadline_and_authentication_counts_from_it() {
     }
     let after = sent_cnxn.elapsed();
     assert!(
-        after >= auth_timeout - Duration::from_millis(100) && after < Duration::from_secs(3),
+        after >= auth_timeout - Duration::from_millis(100) && after < Duration::from_secs(10),
         "closed {after:?} after CNXN"
     );
     assert!(host.peer().is_none(), "never connected");

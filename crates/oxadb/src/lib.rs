@@ -19,6 +19,7 @@ pub mod device;
 pub mod error;
 mod first_bytes;
 pub mod reverse;
+pub mod server;
 pub mod shell;
 pub mod sync;
 pub mod target;

@@ -131,7 +131,7 @@ where
     match device.open_text(service).await {
         Ok(stream) => {
             socket.write_all(OKAY).await?;
-            super::relay::relay(socket, stream).await;
+            super::relay(socket, stream).await;
             Ok(())
         }
         Err(error) => {

@@ -283,7 +283,7 @@ async fn serve(bound: Bound, registry: Arc<Registry>, target: Arc<Mutex<Target>>
                 return;
             };
             match device.open_text(&target.remote).await {
-                Ok(stream) => super::relay::relay(socket, stream).await,
+                Ok(stream) => super::relay(socket, stream).await,
                 Err(error) => tracing::debug!(%error, "forward: device refused"),
             }
         });

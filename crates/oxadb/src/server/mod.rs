@@ -6,18 +6,20 @@
 //! - [`client`]: one client connection, request by request;
 //! - [`host`]: what each host request answers (no I/O);
 //! - [`registry`]: the transports, their ids and states, reconnection;
-//! - [`relay`]: a client socket joined to a device stream;
 //! - [`forward`]: `adb forward`'s listeners.
+//!
+//! Bytes go between clients and devices through [`crate::relay`].
 
 pub mod client;
 pub mod forward;
 pub mod host;
 pub mod listener;
 pub mod registry;
-pub mod relay;
 
 use std::sync::Arc;
 
+use oxadb_io::AdbStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 
 pub use listener::{Access, BindError, Server, ServerConfig};
@@ -29,4 +31,15 @@ pub struct Shared {
     pub forwards: Arc<forward::Forwards>,
     /// Notified by `host:kill`.
     pub stop: Notify,
+}
+
+/// [`crate::relay::relay`], logging how it ended.
+async fn relay<S>(socket: S, stream: AdbStream)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    match crate::relay::relay(socket, stream).await {
+        Ok((to_client, to_device)) => tracing::debug!(to_client, to_device, "relay ended"),
+        Err(error) => tracing::debug!(%error, "relay ended"),
+    }
 }

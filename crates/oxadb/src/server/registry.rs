@@ -405,7 +405,7 @@ async fn serve_reverse(incoming: oxadb_io::Incoming) {
         }
     };
     match end.connect().await {
-        Ok(socket) => super::relay::relay(socket, incoming.accept()).await,
+        Ok(socket) => super::relay(socket, incoming.accept()).await,
         Err(error) => {
             tracing::debug!(service = incoming.service(), %error, "reverse connection refused here");
             incoming.refuse();

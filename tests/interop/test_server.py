@@ -12,6 +12,7 @@ same oxadbd and the outputs are compared:
   * shell output and exit statuses, push and pull of 16 MiB (sha256);
   * forward tcp:X tcp:Y, data through it, --list, --remove;
   * a lost device goes offline (a tracker sees it) and is reconnected;
+  * a device that wants a key is kept `unauthorized` until it is trusted;
   * wait-for-device; disconnect; kill-server stops the server;
   * a second server on the same port exits 1 naming the port;
   * a client of another uid is refused, with a reason.
@@ -32,7 +33,7 @@ import pytest
 
 from echo import EchoServer, roundtrip
 from harness import (ADB_TIMEOUT, AdbResult, Daemon, clean_env, free_port, resolve_oxadb, setpriv,
-                     sha256_file, stop_process, write_random)
+                     sha256_file, stop_process, trust_key, write_random)
 
 NOBODY = 65534
 
@@ -305,6 +306,31 @@ def test_a_lost_device_goes_offline_and_comes_back(ours, fresh_daemon, server):
     assert f"{other.serial}\toffline" in text and f"{other.serial}\tdevice" in text, text
     r = ours("disconnect", other.serial)
     assert r.out == f"disconnected {other.serial}\n", r
+
+
+def test_an_unauthorized_device_is_kept_until_trusted(ours, google, fresh_daemon, server,
+                                                      tmp_path):
+    """A daemon that wants a key it does not have: adb's `failed to
+    authenticate`, listed `unauthorized` with adb's error text (the same as
+    Google's server gives); once the key is trusted, the next attempt
+    connects it."""
+    keys = tmp_path / "adb_keys"
+    keys.write_text("")
+    strict = fresh_daemon("strict", args=("--auth", "--keys", str(keys)))
+    r = ours("connect", strict.serial)
+    assert (r.rc, r.out) == (0, f"failed to authenticate to {strict.serial}\n"), r
+    _wait_listed(ours, f"{strict.serial}\tunauthorized")
+    mine = ours("-s", strict.serial, "get-state")
+    google("connect", strict.serial)
+    theirs = google("-s", strict.serial, "get-state")
+    google("disconnect", strict.serial)
+    assert mine.rc == theirs.rc == 1, (mine, theirs)
+    assert mine.err == theirs.err, (mine, theirs)
+    assert "device unauthorized." in mine.err
+    trust_key(server.home / ".android" / "adbkey.pub", keys)
+    _wait_listed(ours, f"{strict.serial}\tdevice")
+    assert ours("-s", strict.serial, "shell", "echo trusted").out == "trusted\n"
+    assert ours("disconnect", strict.serial).rc == 0
 
 
 def test_wait_for_device(ours, device):

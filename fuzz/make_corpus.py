@@ -257,9 +257,34 @@ def services():
         write("service", name, text)
 
 
+# ---- smart_socket: a client's bytes to an adb server --------------------------
+
+
+def request(text):
+    return b"%04x" % len(text) + text
+
+
+def smart_sockets():
+    t = "smart_socket"
+    # What Google's adb client sends: a version check; a transport switch
+    # then a device service and the first bytes of its stream.
+    write(t, "version", request(b"host:version"))
+    write(t, "tport-then-shell",
+          request(b"host:tport:serial:127.0.0.1:5555") + request(b"shell,v2,raw:echo hi"))
+    write(t, "transport-then-sync",
+          request(b"host:transport-any") + request(b"sync:") + b"STAT\x04\x00\x00\x00/tmp")
+    write(t, "upper-case-length", b"000C" + b"host:devices")
+    write(t, "forward", request(b"host-serial:127.0.0.1:5555:forward:norebind:tcp:0;tcp:80"))
+    write(t, "cut", request(b"host:track-devices-l")[:9])
+    write(t, "empty", b"0000")
+    write(t, "not-hex", b"0x10host:version")
+    write(t, "not-utf8", b"0002\xff\xfe")
+
+
 if __name__ == "__main__":
     packets()
     banners()
     syncs()
     shells()
     services()
+    smart_sockets()

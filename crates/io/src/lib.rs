@@ -25,6 +25,8 @@
 //!   written with the same refill as plaintext (feature `tls`, on by
 //!   default; without it `tls::negotiate` serves plaintext only);
 //! - [`peer`]: dead-peer detection on TCP sockets ([`watch_peer`]);
+//! - [`peer_owner`]: which uid owns a loopback peer's socket, for both
+//!   binaries' local-user checks;
 //! - [`process`]: per-process settings (allocator, memory budget) and the
 //!   values both command lines parse;
 //! - [`error_line`]: an error as both command lines print it.
@@ -40,6 +42,7 @@ pub mod connection;
 mod driver;
 pub mod error_line;
 pub mod peer;
+pub mod peer_owner;
 pub mod process;
 mod refill;
 pub mod sink;

@@ -67,6 +67,19 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The cause in adb's (strerror) words, without Rust's "(os error N)":
+    /// what follows `failed to connect to 'ADDR': ` in `connect`'s answer.
+    pub fn cause_in_adb_words(&self) -> String {
+        let text = match self {
+            Error::Connect { cause, .. } => cause.to_string(),
+            other => other.to_string(),
+        };
+        match text.find(" (os error") {
+            Some(at) => text[..at].to_string(),
+            None => text,
+        }
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
         Error::Io {
             context: context.into(),

@@ -18,7 +18,9 @@
 pub mod device;
 pub mod error;
 mod first_bytes;
+pub mod relay;
 pub mod reverse;
+pub mod server;
 pub mod shell;
 pub mod sync;
 pub mod target;

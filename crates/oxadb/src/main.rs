@@ -124,6 +124,9 @@ enum Command {
     KillServer,
     /// Nothing to start: succeeds, so adb scripts run unchanged.
     StartServer,
+    /// Run an adb host server in the foreground (port 5037, or -P), for
+    /// Google's adb CLI and other tools that use one.
+    Server(cli::server::ServerArgs),
     /// A background forward (started by `oxadb forward`).
     #[command(name = "__forwarder", hide = true)]
     Forwarder(cli::forward::ForwarderArgs),
@@ -228,6 +231,8 @@ fn main() -> ExitCode {
     // nusb reports through `log` what oxadb already turns into errors (a
     // busy interface, a vanished device): only -v shows it.
     let level = match args.verbose {
+        // A server says what it does (clients, devices coming and going).
+        0 if matches!(args.command, Command::Server(_)) => "info,nusb=off",
         0 => "warn,nusb=off",
         1 => "debug,nusb=warn",
         _ => "trace",
@@ -316,6 +321,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
                 .await;
         }
         Command::StartServer => return Ok(0),
+        Command::Server(server) => return cli::server::server(server, options).await,
         Command::External(words) => {
             let name = words.first().map(String::as_str).unwrap_or("");
             if let Some(code) = cli::device_services::refuse_android_only(name) {
@@ -446,6 +452,7 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
         | Command::Reconnect
         | Command::KillServer
         | Command::StartServer
+        | Command::Server(_)
         | Command::Sync { .. }
         | Command::External(_) => {
             unreachable!("handled above")

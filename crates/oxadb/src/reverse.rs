@@ -200,20 +200,6 @@ impl HostEnd {
     }
 }
 
-/// Relays until either side ends (ADB has no half-close); returns the bytes
-/// moved (to the socket, to the device).
-pub async fn relay(stream: oxadb_io::AdbStream, socket: Box<dyn Socket>) -> io::Result<(u64, u64)> {
-    let (mut adb_read, mut adb_write) = tokio::io::split(stream);
-    let (mut socket_read, mut socket_write) = tokio::io::split(socket);
-    let mut to_socket = 0;
-    let mut to_device = 0;
-    tokio::select! {
-        r = tokio::io::copy(&mut adb_read, &mut socket_write) => to_socket = r?,
-        r = tokio::io::copy(&mut socket_read, &mut adb_write) => to_device = r?,
-    }
-    Ok((to_socket, to_device))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

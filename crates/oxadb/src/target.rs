@@ -65,6 +65,16 @@ fn classify(serial: &str) -> Spec<'_> {
     }
 }
 
+/// `host` or `host:port` as adb's server completes an address given to
+/// `connect`/`disconnect`: port 5555 when none is given.
+pub fn with_default_port(address: &str) -> String {
+    if is_tcp_address(address) {
+        address.to_string()
+    } else {
+        format!("{address}:5555")
+    }
+}
+
 /// Whether `serial` is a `host:port` TCP address (a port number after the
 /// last colon, and a host that is a name, an IPv4 address or a bracketed
 /// IPv6 one).
@@ -195,6 +205,13 @@ pub fn choose(serial: Option<&str>, usb: &[UsbDeviceInfo]) -> Result<Target> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_port_is_5555() {
+        assert_eq!(with_default_port("10.0.0.2"), "10.0.0.2:5555");
+        assert_eq!(with_default_port("10.0.0.2:7000"), "10.0.0.2:7000");
+        assert_eq!(with_default_port("[::1]:7000"), "[::1]:7000");
+    }
 
     fn usb(list: &[(&str, &str)]) -> Vec<UsbDeviceInfo> {
         list.iter()

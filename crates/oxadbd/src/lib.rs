@@ -8,7 +8,8 @@ pub mod flags;
 pub mod mdns;
 #[cfg(feature = "pairing")]
 pub mod pair;
-pub mod peer_owner;
+/// Shared with the host's adb server (`oxadb server`), which serves only its own user.
+pub use oxadb_io::peer_owner;
 pub mod server;
 pub mod services;
 pub mod settings;

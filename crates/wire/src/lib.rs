@@ -11,6 +11,7 @@ pub mod packet;
 pub mod payload;
 pub mod service;
 pub mod shell;
+pub mod smart_socket;
 pub mod sync;
 pub mod usb;
 

@@ -11,27 +11,6 @@ use oxadb::{ConnectOptions, Device, DeviceState, Error};
 
 use super::state;
 
-/// `host` or `host:port` as adb's server completes it: port 5555 when omitted.
-fn with_port(address: &str) -> String {
-    if target::is_tcp_address(address) {
-        address.to_string()
-    } else {
-        format!("{address}:5555")
-    }
-}
-
-/// An error's cause in adb's (strerror) words: no "(os error N)".
-fn cause(error: &Error) -> String {
-    let text = match error {
-        Error::Connect { cause, .. } => cause.to_string(),
-        other => other.to_string(),
-    };
-    match text.find(" (os error") {
-        Some(at) => text[..at].to_string(),
-        None => text,
-    }
-}
-
 /// `connect HOST[:PORT]`: connects (the handshake included) and remembers
 /// the device. adb exits 0 even when the connection fails, printing why.
 pub async fn connect(address: Option<&str>, options: &ConnectOptions) -> anyhow::Result<i32> {
@@ -39,7 +18,7 @@ pub async fn connect(address: Option<&str>, options: &ConnectOptions) -> anyhow:
         eprintln!("adb: usage: adb connect HOST[:PORT]");
         return Ok(1);
     };
-    let serial = with_port(address);
+    let serial = target::with_default_port(address);
     if state::State::load()?.devices.contains(&serial) {
         println!("already connected to {serial}");
         return Ok(0);
@@ -53,7 +32,10 @@ pub async fn connect(address: Option<&str>, options: &ConnectOptions) -> anyhow:
         // until its user accepts the key) and still exits 0.
         Err(Error::Unauthorized { .. }) => format!("failed to authenticate to {serial}"),
         Err(error) => {
-            println!("failed to connect to '{serial}': {}", cause(&error));
+            println!(
+                "failed to connect to '{serial}': {}",
+                error.cause_in_adb_words()
+            );
             return Ok(0);
         }
     };
@@ -78,7 +60,7 @@ pub fn disconnect(address: Option<&str>) -> anyhow::Result<i32> {
         println!("disconnected everything");
         return Ok(0);
     };
-    let serial = with_port(address);
+    let serial = target::with_default_port(address);
     if !locked.state.devices.contains(&serial) {
         eprintln!("error: no such device '{serial}'");
         return Ok(1);
@@ -198,14 +180,4 @@ pub async fn get(what: &str, device: &Device) -> anyhow::Result<i32> {
         _ => bail!("unknown query {what}"),
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_missing_port_is_5555() {
-        assert_eq!(super::with_port("10.0.0.2"), "10.0.0.2:5555");
-        assert_eq!(super::with_port("10.0.0.2:7000"), "10.0.0.2:7000");
-        assert_eq!(super::with_port("[::1]:7000"), "[::1]:7000");
-    }
 }

@@ -380,13 +380,7 @@ where
     match device.open_text(remote).await {
         Ok(stream) => {
             tokio::spawn(async move {
-                let (mut adb_read, mut adb_write) = tokio::io::split(stream);
-                let (mut socket_read, mut socket_write) = tokio::io::split(socket);
-                // No half-close in ADB: the first side to end ends both.
-                tokio::select! {
-                    _ = tokio::io::copy(&mut adb_read, &mut socket_write) => {}
-                    _ = tokio::io::copy(&mut socket_read, &mut adb_write) => {}
-                }
+                let _ = oxadb::relay::relay(socket, stream).await;
             });
         }
         Err(error) => eprintln!("oxadb: forward to {remote} failed: {error}"),

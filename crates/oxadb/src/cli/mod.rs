@@ -7,6 +7,7 @@ pub mod framebuffer;
 pub mod pair;
 pub mod raw;
 pub mod reverse;
+pub mod server;
 pub mod settings;
 pub mod shell;
 pub mod state;

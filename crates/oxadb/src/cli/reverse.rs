@@ -108,7 +108,7 @@ pub async fn reverse(device: &Device, args: &ReverseArgs) -> anyhow::Result<i32>
                     return;
                 }
             };
-            if let Err(error) = oxadb::reverse::relay(incoming.accept(), socket).await {
+            if let Err(error) = oxadb::relay::relay(socket, incoming.accept()).await {
                 tracing::debug!(%service, %error, "reverse connection ended with an error");
             }
         });

@@ -1,0 +1,200 @@
+//! One client connection to the server: requests read one at a time
+//! (`oxadb_wire::smart_socket`), host requests answered as
+//! [`host::dispatch`] decides, and, after a `host:transport*`, a device
+//! service opened on the chosen device and relayed both ways.
+
+use std::sync::Arc;
+
+use oxadb_wire::service::{DeviceListFormat, DeviceSelector, HostService, WaitState};
+use oxadb_wire::smart_socket::{self, fail, message, okay_message, RequestError, OKAY};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::host::{self, Action, WaitOutcome};
+use super::registry::TransportId;
+use super::Shared;
+
+/// Serves `socket` until its requests are done (or it relays a device
+/// stream until either side ends).
+pub async fn serve<S>(shared: Arc<Shared>, mut socket: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    if let Err(error) = serve_requests(&shared, &mut socket).await {
+        tracing::debug!(%error, "client connection ended");
+    }
+}
+
+async fn serve_requests<S>(shared: &Arc<Shared>, socket: &mut S) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut bound: Option<TransportId> = None;
+    loop {
+        let text = match read_request(socket).await? {
+            Ok(Some(text)) => text,
+            Ok(None) => return Ok(()),
+            Err(error) => return socket.write_all(&fail(&error.to_string())).await,
+        };
+        tracing::debug!(request = %text, ?bound, "request");
+        if !host::is_host_service(&text) {
+            return open_device_service(shared, socket, bound, &text).await;
+        }
+        let service = match HostService::parse(&text) {
+            Ok(service) => service,
+            Err(error) => return socket.write_all(&host::malformed(&error)).await,
+        };
+        let action = host::dispatch(&service, bound, &shared.registry.list());
+        match action {
+            Action::Reply(reply) => return socket.write_all(&reply).await,
+            Action::Switch { transport, reply } => {
+                socket.write_all(&reply).await?;
+                bound = Some(transport);
+            }
+            Action::Connect(address) => {
+                socket.write_all(OKAY).await?;
+                let answer = shared.registry.connect(&address).await;
+                return socket.write_all(&message(&answer)).await;
+            }
+            Action::Disconnect(address) => {
+                let reply = match shared.registry.disconnect(&address) {
+                    Ok(answer) => okay_message(&answer),
+                    Err(error) => fail(&error),
+                };
+                return socket.write_all(&reply).await;
+            }
+            Action::Reconnect(id) => {
+                let answer = shared.registry.reconnect(id);
+                return socket.write_all(&okay_message(&answer)).await;
+            }
+            Action::Track(format) => return track(shared, socket, format).await,
+            Action::WaitFor { selector, state } => {
+                return wait_for(shared, socket, selector, state).await
+            }
+            Action::Forward { request, transport } => {
+                let reply = shared.forwards.answer(&request, transport.as_ref()).await;
+                return socket.write_all(&reply).await;
+            }
+            Action::Kill => {
+                socket.write_all(OKAY).await?;
+                socket.flush().await?;
+                tracing::info!("stopping: a client asked (host:kill)");
+                shared.stop.notify_one();
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The next request: `Ok(Ok(None))` when the client closed before one.
+/// Read exactly, so what follows a request stays in the socket for the
+/// service it opens.
+async fn read_request<S>(socket: &mut S) -> std::io::Result<Result<Option<String>, RequestError>>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut prefix = [0u8; 4];
+    let mut got = 0;
+    while got < prefix.len() {
+        match socket.read(&mut prefix[got..]).await? {
+            0 if got == 0 => return Ok(Ok(None)),
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    let length = match smart_socket::request_length(prefix) {
+        Ok(length) => length,
+        Err(error) => return Ok(Err(error)),
+    };
+    let mut body = vec![0u8; length];
+    socket.read_exact(&mut body).await?;
+    Ok(smart_socket::request_text(body).map(Some))
+}
+
+/// A device service on the transport the connection switched to: `OKAY`
+/// once the device accepted the stream (AOSP `sockets.cpp`: the answer
+/// waits for the device's), `FAIL closed` when it refused.
+async fn open_device_service<S>(
+    shared: &Arc<Shared>,
+    socket: &mut S,
+    bound: Option<TransportId>,
+    service: &str,
+) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let Some(id) = bound else {
+        return socket.write_all(&fail(host::NO_TRANSPORT)).await;
+    };
+    let Some(device) = shared.registry.device(id) else {
+        return socket.write_all(&fail(host::TRANSPORT_OFFLINE)).await;
+    };
+    match device.open_text(service).await {
+        Ok(stream) => {
+            socket.write_all(OKAY).await?;
+            super::relay(socket, stream).await;
+            Ok(())
+        }
+        Err(error) => {
+            tracing::debug!(%error, service, "device refused a service");
+            socket.write_all(&fail(host::STREAM_CLOSED)).await
+        }
+    }
+}
+
+/// `track-devices[-l]`: `OKAY`, the list, and the list again whenever it
+/// changes, until the client closes (or sends anything: AOSP
+/// `transport.cpp` device_tracker_enqueue closes then).
+async fn track<S>(
+    shared: &Arc<Shared>,
+    socket: &mut S,
+    format: DeviceListFormat,
+) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let long = format == DeviceListFormat::Long;
+    let mut changes = shared.registry.changes();
+    socket.write_all(OKAY).await?;
+    let mut sent: Option<String> = None;
+    let mut scratch = [0u8; 64];
+    loop {
+        let _ = changes.borrow_and_update();
+        let list = host::device_list(&shared.registry.list(), long);
+        if sent.as_deref() != Some(list.as_str()) {
+            socket.write_all(&message(&list)).await?;
+            sent = Some(list);
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return Ok(()) },
+            _ = socket.read(&mut scratch) => return Ok(()),
+        }
+    }
+}
+
+/// `wait-for-*`: `OKAY` now, a second `OKAY` once reached (or `FAIL` when
+/// several devices make it undecidable); ends early if the client leaves.
+async fn wait_for<S>(
+    shared: &Arc<Shared>,
+    socket: &mut S,
+    selector: DeviceSelector,
+    state: WaitState,
+) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut changes = shared.registry.changes();
+    socket.write_all(OKAY).await?;
+    let mut scratch = [0u8; 64];
+    loop {
+        let _ = changes.borrow_and_update();
+        match host::wait_outcome(&shared.registry.list(), &selector, state) {
+            WaitOutcome::Done => return socket.write_all(OKAY).await,
+            WaitOutcome::Fail(error) => return socket.write_all(&fail(&error)).await,
+            WaitOutcome::Wait => {}
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return Ok(()) },
+            _ = socket.read(&mut scratch) => return Ok(()),
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The server's port: bound on loopback (every interface only when asked),
+//! each connection checked against who may use the server, then served by
+//! its own task until `host:kill`.
+//!
+//! Whoever reaches the port controls every device the server holds, so a
+//! client must be this user or root unless the server was started to serve
+//! any user: the kernel says who owns a loopback peer's socket
+//! (`oxadb_io::peer_owner`, as oxadbd decides who needs no key). A peer
+//! that is not on loopback has no owner to ask and is refused too.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use oxadb_io::peer_owner::{self, Owner};
+use oxadb_wire::smart_socket::fail;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::forward::Forwards;
+use super::registry::Registry;
+use super::Shared;
+use crate::ConnectOptions;
+
+/// adb's default server port (AOSP `adb.h` DEFAULT_ADB_PORT).
+pub const DEFAULT_PORT: u16 = 5037;
+
+/// Who may use the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The user running it, and root.
+    OwnUser,
+    /// Anyone who reaches the port.
+    AnyUser,
+}
+
+/// How to run a server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub port: u16,
+    /// Listen on every interface (adb's `-a`), not only 127.0.0.1.
+    pub all_interfaces: bool,
+    pub access: Access,
+    /// How every device is connected.
+    pub connect: ConnectOptions,
+}
+
+/// The port could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {address}: {}", describe(.cause, .address))]
+pub struct BindError {
+    pub address: SocketAddr,
+    pub cause: std::io::Error,
+}
+
+fn describe(cause: &std::io::Error, address: &SocketAddr) -> String {
+    match cause.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "port {} is in use (another adb server? `adb kill-server` stops Google's)",
+            address.port()
+        ),
+        _ => cause.to_string(),
+    }
+}
+
+/// A bound server, ready to [`Server::run`].
+pub struct Server {
+    listener: TcpListener,
+    access: Access,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    pub async fn bind(config: ServerConfig) -> Result<Server, BindError> {
+        let ip = if config.all_interfaces {
+            Ipv4Addr::UNSPECIFIED
+        } else {
+            Ipv4Addr::LOCALHOST
+        };
+        let address = SocketAddr::from((ip, config.port));
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|cause| BindError { address, cause })?;
+        let registry = Registry::new(config.connect);
+        let forwards = Forwards::new(registry.clone());
+        Ok(Server {
+            listener,
+            access: config.access,
+            shared: Arc::new(Shared {
+                registry,
+                forwards,
+                stop: tokio::sync::Notify::new(),
+            }),
+        })
+    }
+
+    /// Where it listens (the port bound, for port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// What its clients share: its transports and forwards.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Serves until a client sends `host:kill`.
+    pub async fn run(self) {
+        let own_uid = rustix::process::geteuid().as_raw();
+        loop {
+            let (socket, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of descriptors and the like: pause, go on.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = self.shared.stop.notified() => return,
+            };
+            if let Err(refusal) = self.admit(&socket, peer, own_uid) {
+                tracing::warn!(%peer, %refusal, "client refused");
+                tokio::spawn(refuse(socket, refusal));
+                continue;
+            }
+            let _ = socket.set_nodelay(true);
+            tokio::spawn(super::client::serve(self.shared.clone(), socket));
+        }
+    }
+
+    /// Whether the client at `peer` may use the server; `Err` says why not.
+    fn admit(&self, socket: &TcpStream, peer: SocketAddr, own_uid: u32) -> Result<(), String> {
+        if self.access == Access::AnyUser {
+            return Ok(());
+        }
+        let local = socket.local_addr().map_err(|e| e.to_string())?;
+        let owner = if peer_owner::is_loopback(peer.ip()) {
+            peer_owner::peer_owner(local, peer).map_err(|e| e.to_string())?
+        } else {
+            Owner::Missing
+        };
+        match owner {
+            Owner::Uid(uid) if uid == own_uid || uid == 0 => Ok(()),
+            Owner::Uid(uid) => Err(format!(
+                "this oxadb server serves uid {own_uid} and root only, not uid {uid} (start it with --any-user to serve every user)"
+            )),
+            Owner::NotEstablished(state) => Err(format!(
+                "the client's socket is {}, so its owner is unknown",
+                peer_owner::state_name(state)
+            )),
+            Owner::Missing => Err(format!(
+                "no local owner found for {peer} (this oxadb server serves uid {own_uid} and root only; --any-user serves every client)"
+            )),
+        }
+    }
+}
+
+/// Tells a refused client why, as a `FAIL` (adb prints `error: WHY`):
+/// after its request, since closing on unread bytes would reset the
+/// connection and lose the answer.
+async fn refuse(mut socket: TcpStream, why: String) {
+    use tokio::io::AsyncReadExt;
+    let wait = std::time::Duration::from_secs(1);
+    let mut request = [0u8; 1024];
+    let _ = tokio::time::timeout(wait, socket.read(&mut request)).await;
+    let _ = socket.write_all(&fail(&why)).await;
+    let _ = socket.shutdown().await;
+    let _ = tokio::time::timeout(wait, socket.read(&mut request)).await;
+}

@@ -1,0 +1,45 @@
+//! An adb host server: what Google's `adb` CLI, Android Studio and other
+//! tools talk to on port 5037, serving them with oxadb's connections
+//! (burst mode and adaptive credit). docs/server.md says what is served.
+//!
+//! - [`listener`]: binding the port, accepting, and refusing other users;
+//! - [`client`]: one client connection, request by request;
+//! - [`host`]: what each host request answers (no I/O);
+//! - [`registry`]: the transports, their ids and states, reconnection;
+//! - [`forward`]: `adb forward`'s listeners.
+//!
+//! Bytes go between clients and devices through [`crate::relay`].
+
+pub mod client;
+pub mod forward;
+pub mod host;
+pub mod listener;
+pub mod registry;
+
+use std::sync::Arc;
+
+use oxadb_io::AdbStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
+
+pub use listener::{Access, BindError, Server, ServerConfig};
+pub use registry::{Registry, State, TransportId, TransportInfo};
+
+/// What every client task of one server shares.
+pub struct Shared {
+    pub registry: Arc<Registry>,
+    pub forwards: Arc<forward::Forwards>,
+    /// Notified by `host:kill`.
+    pub stop: Notify,
+}
+
+/// [`crate::relay::relay`], logging how it ended.
+async fn relay<S>(socket: S, stream: AdbStream)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    match crate::relay::relay(socket, stream).await {
+        Ok((to_client, to_device)) => tracing::debug!(to_client, to_device, "relay ended"),
+        Err(error) => tracing::debug!(%error, "relay ended"),
+    }
+}

@@ -1,0 +1,414 @@
+//! The transports the server knows: each device `connect:` added, with the
+//! id the server gave it, its serial (`host:port`), its state and, once
+//! connected, its [`Device`]. Every change bumps a counter that
+//! `track-devices` and `wait-for-*` clients watch.
+//!
+//! A TCP device whose connection ends goes `offline` and is reconnected as
+//! adb's server does (AOSP `transport.cpp` ReconnectHandler: an attempt
+//! every 3 s, 20 attempts, then the transport is removed); `disconnect:`
+//! removes it at once.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use oxadb_wire::Banner;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use crate::reverse::HostEnd;
+use crate::{target, ConnectOptions, Device, Error};
+
+/// The server's number for a transport, never reused while it runs; adb's
+/// `-t ID` and `host:tport:` use it.
+pub type TransportId = u64;
+
+/// Time between reconnection attempts (AOSP `transport.cpp`
+/// ReconnectHandler::kDefaultTimeout).
+pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
+
+/// Attempts before a lost device is removed (ReconnectHandler::kMaxAttempts).
+pub const RECONNECT_ATTEMPTS: u32 = 20;
+
+/// A transport's state, with the word adb prints for it (AOSP `adb.cpp`
+/// to_string(ConnectionState)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Being connected (the handshake has not finished).
+    Connecting,
+    Device,
+    /// Lost, or not connected again yet.
+    Offline,
+    /// The device waits for its user to accept this host's key.
+    Unauthorized,
+}
+
+impl State {
+    pub fn word(self) -> &'static str {
+        match self {
+            State::Connecting => "connecting",
+            State::Device => "device",
+            State::Offline => "offline",
+            State::Unauthorized => "unauthorized",
+        }
+    }
+}
+
+/// How a transport reaches its device: adb's `-d` picks USB ones, `-e` the
+/// others (AOSP kTransportUsb and kTransportLocal, in that listing order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Usb,
+    Tcp,
+}
+
+/// What requests see of a transport: a copy taken under the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportInfo {
+    pub id: TransportId,
+    pub kind: Kind,
+    /// `host:port` for TCP.
+    pub serial: String,
+    pub state: State,
+    /// `usb:BUS-PORT` for USB; empty for TCP.
+    pub devpath: String,
+    /// `ro.product.name`, `ro.product.model` and `ro.product.device` from
+    /// the device's banner; empty until it connected.
+    pub product: String,
+    pub model: String,
+    pub device: String,
+    pub features: Vec<String>,
+}
+
+impl TransportInfo {
+    fn new(id: TransportId, serial: String) -> TransportInfo {
+        TransportInfo {
+            id,
+            kind: Kind::Tcp,
+            serial,
+            state: State::Connecting,
+            devpath: String::new(),
+            product: String::new(),
+            model: String::new(),
+            device: String::new(),
+            features: Vec::new(),
+        }
+    }
+
+    fn set_banner(&mut self, banner: &Banner) {
+        let property = |key: &str| banner.property(key).unwrap_or_default().to_string();
+        self.product = property("ro.product.name");
+        self.model = property("ro.product.model");
+        self.device = property("ro.product.device");
+        self.features = banner.features.clone();
+    }
+}
+
+struct Entry {
+    info: TransportInfo,
+    device: Option<Arc<Device>>,
+    monitor: Option<AbortHandle>,
+}
+
+impl Entry {
+    /// Ends the device's connection and its watcher: streams relayed to it
+    /// see their end.
+    fn shut(&self) {
+        if let Some(monitor) = &self.monitor {
+            monitor.abort();
+        }
+        if let Some(device) = &self.device {
+            device.close();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: TransportId,
+    entries: Vec<Entry>,
+}
+
+/// The server's transports.
+pub struct Registry {
+    inner: Mutex<Inner>,
+    changed: watch::Sender<u64>,
+    options: ConnectOptions,
+}
+
+impl Registry {
+    /// Every device is connected with `options` (burst mode and adaptive
+    /// credit unless the command line said otherwise).
+    pub fn new(options: ConnectOptions) -> Arc<Registry> {
+        Arc::new(Registry {
+            inner: Mutex::new(Inner {
+                next_id: 1,
+                entries: Vec::new(),
+            }),
+            changed: watch::Sender::new(0),
+            options,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|generation| *generation += 1);
+    }
+
+    /// Every transport, in the order they were added.
+    pub fn list(&self) -> Vec<TransportInfo> {
+        self.lock().entries.iter().map(|e| e.info.clone()).collect()
+    }
+
+    /// Changes from now on: the value moves on at each one.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The connected device of transport `id`, if it is online.
+    pub fn device(&self, id: TransportId) -> Option<Arc<Device>> {
+        let inner = self.lock();
+        let entry = inner.entries.iter().find(|e| e.info.id == id)?;
+        match entry.info.state {
+            State::Device => entry.device.clone(),
+            _ => None,
+        }
+    }
+
+    /// Whether transport `id` is still known.
+    pub fn contains(&self, id: TransportId) -> bool {
+        self.lock().entries.iter().any(|e| e.info.id == id)
+    }
+
+    /// `host:connect:ADDRESS`: connects (port 5555 when none is given) and
+    /// answers in adb's words (AOSP `client/transport_emulator.cpp`
+    /// connect_device): `connected to S`, `already connected to S`,
+    /// `failed to authenticate to S` (kept, as `unauthorized`, until its
+    /// user accepts), `failed to connect to 'S': CAUSE`.
+    pub async fn connect(self: &Arc<Self>, address: &str) -> String {
+        if address.is_empty() {
+            return "empty address".to_string();
+        }
+        let serial = target::with_default_port(address);
+        let id = {
+            let mut inner = self.lock();
+            if inner.entries.iter().any(|e| e.info.serial == serial) {
+                return format!("already connected to {serial}");
+            }
+            let id = inner.next_id;
+            inner.next_id += 1;
+            inner.entries.push(Entry {
+                info: TransportInfo::new(id, serial.clone()),
+                device: None,
+                monitor: None,
+            });
+            id
+        };
+        self.notify();
+        let (answer, device) = match Device::connect_unattended(&serial, &self.options).await {
+            Ok(device) => (format!("connected to {serial}"), Some(Arc::new(device))),
+            Err(Error::Unauthorized { .. }) => {
+                self.set_state(id, State::Unauthorized);
+                (format!("failed to authenticate to {serial}"), None)
+            }
+            Err(error) => {
+                tracing::info!(%serial, %error, "connect failed");
+                self.remove(id);
+                return format!(
+                    "failed to connect to '{serial}': {}",
+                    error.cause_in_adb_words()
+                );
+            }
+        };
+        if let Some(device) = &device {
+            if !self.set_online(id, device.clone()) {
+                // Disconnected while the handshake ran.
+                device.close();
+                return format!("failed to connect to {serial}");
+            }
+        }
+        let monitor = tokio::spawn(monitor(self.clone(), id, serial, device));
+        match self.lock().entries.iter_mut().find(|e| e.info.id == id) {
+            Some(entry) => entry.monitor = Some(monitor.abort_handle()),
+            None => monitor.abort(),
+        }
+        answer
+    }
+
+    /// `host:disconnect:ADDRESS` (AOSP `adb.cpp` handle_host_request): an
+    /// empty address removes every TCP device; otherwise the one whose
+    /// serial is the address, or the address with port 5555. `Err` is the
+    /// `FAIL` message.
+    pub fn disconnect(&self, address: &str) -> Result<String, String> {
+        let removed: Vec<Entry> = {
+            let mut inner = self.lock();
+            if address.is_empty() {
+                let (tcp, rest) = std::mem::take(&mut inner.entries)
+                    .into_iter()
+                    .partition(|e| e.info.kind == Kind::Tcp);
+                inner.entries = rest;
+                tcp
+            } else {
+                let serial = target::with_default_port(address);
+                let Some(at) = inner
+                    .entries
+                    .iter()
+                    .position(|e| e.info.serial == address)
+                    .or_else(|| inner.entries.iter().position(|e| e.info.serial == serial))
+                else {
+                    return Err(format!("no such device '{serial}'"));
+                };
+                vec![inner.entries.remove(at)]
+            }
+        };
+        for entry in &removed {
+            entry.shut();
+        }
+        self.notify();
+        Ok(if address.is_empty() {
+            "disconnected everything".to_string()
+        } else {
+            format!("disconnected {address}")
+        })
+    }
+
+    /// `host:reconnect`: drops the connection of transport `id`, which is
+    /// then connected again as a lost one is; the answer in adb's words.
+    pub fn reconnect(&self, id: TransportId) -> String {
+        let inner = self.lock();
+        let Some(entry) = inner.entries.iter().find(|e| e.info.id == id) else {
+            return String::new();
+        };
+        if let Some(device) = &entry.device {
+            device.close();
+        }
+        format!(
+            "reconnecting {} [{}]\n",
+            entry.info.serial,
+            entry.info.state.word()
+        )
+    }
+
+    fn remove(&self, id: TransportId) {
+        let removed = {
+            let mut inner = self.lock();
+            let at = inner.entries.iter().position(|e| e.info.id == id);
+            at.map(|at| inner.entries.remove(at))
+        };
+        if let Some(entry) = removed {
+            // Not `shut`: the monitor removing its own entry must finish.
+            if let Some(device) = &entry.device {
+                device.close();
+            }
+            self.notify();
+        }
+    }
+
+    /// Records a change to transport `id`; false when it is gone.
+    fn update(&self, id: TransportId, change: impl FnOnce(&mut Entry)) -> bool {
+        let found = {
+            let mut inner = self.lock();
+            match inner.entries.iter_mut().find(|e| e.info.id == id) {
+                Some(entry) => {
+                    change(entry);
+                    true
+                }
+                None => false,
+            }
+        };
+        if found {
+            self.notify();
+        }
+        found
+    }
+
+    fn set_state(&self, id: TransportId, state: State) -> bool {
+        self.update(id, |entry| {
+            entry.info.state = state;
+            if state != State::Device {
+                entry.device = None;
+            }
+        })
+    }
+
+    fn set_online(&self, id: TransportId, device: Arc<Device>) -> bool {
+        self.update(id, |entry| {
+            entry.info.set_banner(device.banner());
+            entry.info.state = State::Device;
+            entry.device = Some(device);
+        })
+    }
+}
+
+/// Watches transport `id` for as long as it is known: serves the streams
+/// its device opens (`adb reverse`), marks it offline when its connection
+/// ends, and connects it again.
+async fn monitor(
+    registry: Arc<Registry>,
+    id: TransportId,
+    serial: String,
+    mut device: Option<Arc<Device>>,
+) {
+    let mut attempts = 0;
+    loop {
+        if let Some(online) = device.take() {
+            while let Some(incoming) = online.next_incoming().await {
+                tokio::spawn(serve_reverse(incoming));
+            }
+            tracing::info!(%serial, reason = ?online.lost().map(|e| e.to_string()), "device offline");
+            if !registry.set_state(id, State::Offline) {
+                return;
+            }
+            attempts = 0;
+        }
+        if attempts == RECONNECT_ATTEMPTS {
+            tracing::info!(%serial, attempts, "giving up reconnecting; removed");
+            registry.remove(id);
+            return;
+        }
+        attempts += 1;
+        tokio::time::sleep(RECONNECT_INTERVAL).await;
+        if !registry.contains(id) {
+            return;
+        }
+        match Device::connect_unattended(&serial, &registry.options).await {
+            Ok(connected) => {
+                let connected = Arc::new(connected);
+                if !registry.set_online(id, connected.clone()) {
+                    connected.close();
+                    return;
+                }
+                tracing::info!(%serial, "reconnected");
+                device = Some(connected);
+            }
+            Err(Error::Unauthorized { .. }) => {
+                // Its user may accept the key any time: no attempt is lost.
+                attempts = 0;
+                registry.set_state(id, State::Unauthorized);
+            }
+            Err(error) => tracing::debug!(%serial, %error, attempts, "reconnect failed"),
+        }
+    }
+}
+
+/// A stream the device opened (`adb reverse`): connected to the host end
+/// it names on this machine, as adb's server does, or refused.
+async fn serve_reverse(incoming: oxadb_io::Incoming) {
+    let end = match HostEnd::parse(incoming.service()) {
+        Ok(end) => end,
+        Err(error) => {
+            tracing::debug!(%error, "refusing a stream the device opened");
+            incoming.refuse();
+            return;
+        }
+    };
+    match end.connect().await {
+        Ok(socket) => super::relay(socket, incoming.accept()).await,
+        Err(error) => {
+            tracing::debug!(service = incoming.service(), %error, "reverse connection refused here");
+            incoming.refuse();
+        }
+    }
+}

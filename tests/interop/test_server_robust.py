@@ -25,18 +25,13 @@ from pathlib import Path
 import pytest
 
 from harness import Daemon, sha256_file, write_random
-from test_server import Client, OxadbServer, _request
+# test_server's `server` and `ours` fixtures, used as they are; `ours`
+# connects to this module's own `device` (no debug log) below.
+from test_server import Client, _request, ours, server  # noqa: F401
 
 CLIENTS = 16
 PUSH_SIZE = 64 << 20
 CLIENT_TIMEOUT = 50.0
-
-
-@pytest.fixture(scope="module")
-def server(adb_bin, tmp_path_factory):
-    srv = OxadbServer(tmp_path_factory.mktemp("oxadb-server"), adb_bin).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +41,6 @@ def device(oxadbd_bin, tmp_path_factory):
     d.start()
     yield d
     d.stop()
-
-
-@pytest.fixture(scope="module")
-def ours(adb_bin, server, device, tmp_path_factory) -> Client:
-    client = Client(adb_bin, server.port, tmp_path_factory.mktemp("client-home"))
-    r = client("connect", device.serial)
-    assert r.rc == 0 and r.out.strip() == f"connected to {device.serial}", (r, server.log())
-    return client
 
 
 @pytest.fixture(scope="module")

@@ -290,6 +290,16 @@ impl Device {
         Device::connect_usb_inner(device, options, true).await
     }
 
+    /// As [`Device::connect_usb`], but a device that does not accept our
+    /// keys is [`Error::Unauthorized`] at once (the adb server's way: it
+    /// lists the device as `unauthorized` and tries again).
+    pub async fn connect_usb_unattended(
+        device: &UsbDeviceInfo,
+        options: &ConnectOptions,
+    ) -> Result<Device> {
+        Device::connect_usb_inner(device, options, false).await
+    }
+
     async fn connect_usb_inner(
         device: &UsbDeviceInfo,
         options: &ConnectOptions,

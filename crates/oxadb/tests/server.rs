@@ -31,6 +31,7 @@ async fn server() -> (u16, tokio::task::JoinHandle<()>) {
             authenticate: false,
             ..ConnectOptions::default()
         },
+        usb: false,
     })
     .await
     .unwrap();

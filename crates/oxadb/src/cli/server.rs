@@ -8,7 +8,8 @@ use oxadb::ConnectOptions;
 const AFTER_HELP: &str = "\
 Stop Google's server first (`adb kill-server`), then run `oxadb server &`:
 adb, Android Studio and scrcpy use it unchanged. `adb kill-server` stops
-it. It serves this user and root only, unless --any-user.";
+it. It serves this user and root only, unless --any-user. It finds USB
+devices as they are plugged in, unless ADB_USB=0 (as Google's server).";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = AFTER_HELP)]
@@ -40,6 +41,7 @@ pub async fn server(args: &ServerArgs, connect: &ConnectOptions) -> anyhow::Resu
             Access::OwnUser
         },
         connect: connect.clone(),
+        usb: oxadb::server::usb::enabled_by_env(),
     };
     let server = match Server::bind(config).await {
         Ok(server) => server,

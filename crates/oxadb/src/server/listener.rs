@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub access: Access,
     /// How every device is connected.
     pub connect: ConnectOptions,
+    /// Find USB devices and follow them being plugged in and out
+    /// (off with `ADB_USB=0`, as Google's server: [`super::usb::enabled_by_env`]).
+    pub usb: bool,
 }
 
 /// The port could not be bound.
@@ -66,6 +69,7 @@ fn describe(cause: &std::io::Error, address: &SocketAddr) -> String {
 pub struct Server {
     listener: TcpListener,
     access: Access,
+    usb: bool,
     shared: Arc<Shared>,
 }
 
@@ -85,6 +89,7 @@ impl Server {
         Ok(Server {
             listener,
             access: config.access,
+            usb: config.usb,
             shared: Arc::new(Shared {
                 registry,
                 forwards,
@@ -106,6 +111,16 @@ impl Server {
     /// Serves until a client sends `host:kill`.
     pub async fn run(self) {
         let own_uid = rustix::process::geteuid().as_raw();
+        let usb = self
+            .usb
+            .then(|| tokio::spawn(super::usb::watch(self.shared.registry.clone())));
+        self.serve(own_uid).await;
+        if let Some(usb) = usb {
+            usb.abort();
+        }
+    }
+
+    async fn serve(&self, own_uid: u32) {
         loop {
             let (socket, peer) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {

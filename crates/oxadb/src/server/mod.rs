@@ -6,6 +6,7 @@
 //! - [`client`]: one client connection, request by request;
 //! - [`host`]: what each host request answers (no I/O);
 //! - [`registry`]: the transports, their ids and states, reconnection;
+//! - [`usb`]: USB devices, added and removed as they are plugged in;
 //! - [`forward`]: `adb forward`'s listeners.
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
@@ -15,6 +16,7 @@ pub mod forward;
 pub mod host;
 pub mod listener;
 pub mod registry;
+pub mod usb;
 
 use std::sync::Arc;
 

@@ -1,22 +1,25 @@
-//! The transports the server knows: each device `connect:` added, with the
-//! id the server gave it, its serial (`host:port`), its state and, once
-//! connected, its [`Device`]. Every change bumps a counter that
+//! The transports the server knows: each device `connect:` added and each
+//! USB device the watcher ([`super::usb`]) found, with the id the server
+//! gave it, its serial (`host:port`, or the USB serial), its state and,
+//! once connected, its [`Device`]. Every change bumps a counter that
 //! `track-devices` and `wait-for-*` clients watch.
 //!
 //! A TCP device whose connection ends goes `offline` and is reconnected as
 //! adb's server does (AOSP `transport.cpp` ReconnectHandler: an attempt
 //! every 3 s, 20 attempts, then the transport is removed); `disconnect:`
-//! removes it at once.
+//! removes it at once. A USB device whose connection ends is removed, as
+//! adb's server kicks a USB transport: the watcher adds it again, under a
+//! new id, if it is still plugged in.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use oxadb_wire::Banner;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 
 use crate::reverse::HostEnd;
-use crate::{target, ConnectOptions, Device, Error};
+use crate::{target, ConnectOptions, Device, Error, UsbDeviceInfo};
 
 /// The server's number for a transport, never reused while it runs; adb's
 /// `-t ID` and `host:tport:` use it.
@@ -66,7 +69,7 @@ pub enum Kind {
 pub struct TransportInfo {
     pub id: TransportId,
     pub kind: Kind,
-    /// `host:port` for TCP.
+    /// `host:port` for TCP; the device's serial number for USB.
     pub serial: String,
     pub state: State,
     /// `usb:BUS-PORT` for USB; empty for TCP.
@@ -80,13 +83,14 @@ pub struct TransportInfo {
 }
 
 impl TransportInfo {
-    fn new(id: TransportId, serial: String) -> TransportInfo {
+    /// A transport not yet numbered ([`Inner::add`] gives it its id).
+    fn new(kind: Kind, serial: String, devpath: String) -> TransportInfo {
         TransportInfo {
-            id,
-            kind: Kind::Tcp,
+            id: 0,
+            kind,
             serial,
             state: State::Connecting,
-            devpath: String::new(),
+            devpath,
             product: String::new(),
             model: String::new(),
             device: String::new(),
@@ -122,10 +126,48 @@ impl Entry {
     }
 }
 
+/// How a transport's device is connected (again).
+enum Reach {
+    Tcp(String),
+    Usb(Box<UsbDeviceInfo>),
+}
+
+impl Reach {
+    fn name(&self) -> &str {
+        match self {
+            Reach::Tcp(serial) => serial,
+            Reach::Usb(device) => &device.serial,
+        }
+    }
+
+    /// Unattended: a device waiting for its user is `Unauthorized` at once.
+    async fn connect(&self, options: &ConnectOptions) -> Result<Device, Error> {
+        match self {
+            Reach::Tcp(serial) => Device::connect_unattended(serial, options).await,
+            Reach::Usb(device) => Device::connect_usb_unattended(device, options).await,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     next_id: TransportId,
     entries: Vec<Entry>,
+}
+
+impl Inner {
+    /// Adds `info` under the next id, which it returns.
+    fn add(&mut self, mut info: TransportInfo) -> TransportId {
+        info.id = self.next_id;
+        self.next_id += 1;
+        let id = info.id;
+        self.entries.push(Entry {
+            info,
+            device: None,
+            monitor: None,
+        });
+        id
+    }
 }
 
 /// The server's transports.
@@ -133,6 +175,9 @@ pub struct Registry {
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
     options: ConnectOptions,
+    /// Notified when a USB device's connection ended: the watcher looks
+    /// at once whether it is still plugged in.
+    usb_lost: Notify,
 }
 
 impl Registry {
@@ -146,6 +191,7 @@ impl Registry {
             }),
             changed: watch::Sender::new(0),
             options,
+            usb_lost: Notify::new(),
         })
     }
 
@@ -197,14 +243,7 @@ impl Registry {
             if inner.entries.iter().any(|e| e.info.serial == serial) {
                 return format!("already connected to {serial}");
             }
-            let id = inner.next_id;
-            inner.next_id += 1;
-            inner.entries.push(Entry {
-                info: TransportInfo::new(id, serial.clone()),
-                device: None,
-                monitor: None,
-            });
-            id
+            inner.add(TransportInfo::new(Kind::Tcp, serial.clone(), String::new()))
         };
         self.notify();
         let (answer, device) = match Device::connect_unattended(&serial, &self.options).await {
@@ -229,12 +268,49 @@ impl Registry {
                 return format!("failed to connect to {serial}");
             }
         }
-        let monitor = tokio::spawn(monitor(self.clone(), id, serial, device));
+        self.watch(id, Reach::Tcp(serial), device, RECONNECT_INTERVAL);
+        answer
+    }
+
+    /// Starts the monitor of transport `id`: the first attempt to connect
+    /// (when `device` is `None`) comes after `first_attempt_in`.
+    fn watch(
+        self: &Arc<Self>,
+        id: TransportId,
+        reach: Reach,
+        device: Option<Arc<Device>>,
+        first_attempt_in: Duration,
+    ) {
+        let monitor = tokio::spawn(monitor(self.clone(), id, reach, device, first_attempt_in));
         match self.lock().entries.iter_mut().find(|e| e.info.id == id) {
             Some(entry) => entry.monitor = Some(monitor.abort_handle()),
             None => monitor.abort(),
         }
-        answer
+    }
+
+    /// A USB device the watcher found: listed as `connecting` and connected
+    /// at once; returns its id.
+    pub(super) fn add_usb(self: &Arc<Self>, device: UsbDeviceInfo) -> TransportId {
+        let id = self.lock().add(TransportInfo::new(
+            Kind::Usb,
+            device.serial.clone(),
+            device.path.clone(),
+        ));
+        self.notify();
+        self.watch(id, Reach::Usb(Box::new(device)), None, Duration::ZERO);
+        id
+    }
+
+    /// A USB device that was unplugged: its transport ends.
+    pub(super) fn remove_usb(&self, id: TransportId) {
+        if let Some(entry) = self.take(id) {
+            entry.shut();
+        }
+    }
+
+    /// Waits until a USB device's connection ends.
+    pub(super) async fn usb_lost(&self) {
+        self.usb_lost.notified().await;
     }
 
     /// `host:disconnect:ADDRESS` (AOSP `adb.cpp` handle_host_request): an
@@ -252,12 +328,15 @@ impl Registry {
                 tcp
             } else {
                 let serial = target::with_default_port(address);
-                let Some(at) = inner
-                    .entries
-                    .iter()
-                    .position(|e| e.info.serial == address)
-                    .or_else(|| inner.entries.iter().position(|e| e.info.serial == serial))
-                else {
+                // USB devices are not disconnected: adb reads the address
+                // as host[:port] (AOSP `adb.cpp`), which no USB serial is.
+                let tcp_with = |wanted: &str| {
+                    inner
+                        .entries
+                        .iter()
+                        .position(|e| e.info.kind == Kind::Tcp && e.info.serial == wanted)
+                };
+                let Some(at) = tcp_with(address).or_else(|| tcp_with(&serial)) else {
                     return Err(format!("no such device '{serial}'"));
                 };
                 vec![inner.entries.remove(at)]
@@ -292,18 +371,25 @@ impl Registry {
     }
 
     fn remove(&self, id: TransportId) {
+        if let Some(entry) = self.take(id) {
+            // Not `shut`: the monitor removing its own entry must finish.
+            if let Some(device) = &entry.device {
+                device.close();
+            }
+        }
+    }
+
+    /// Takes transport `id` out of the list, telling the watchers.
+    fn take(&self, id: TransportId) -> Option<Entry> {
         let removed = {
             let mut inner = self.lock();
             let at = inner.entries.iter().position(|e| e.info.id == id);
             at.map(|at| inner.entries.remove(at))
         };
-        if let Some(entry) = removed {
-            // Not `shut`: the monitor removing its own entry must finish.
-            if let Some(device) = &entry.device {
-                device.close();
-            }
+        if removed.is_some() {
             self.notify();
         }
+        removed
     }
 
     /// Records a change to transport `id`; false when it is gone.
@@ -343,44 +429,59 @@ impl Registry {
 }
 
 /// Watches transport `id` for as long as it is known: serves the streams
-/// its device opens (`adb reverse`), marks it offline when its connection
-/// ends, and connects it again.
+/// its device opens (`adb reverse`), and when its connection ends marks a
+/// TCP device offline and connects it again, or removes a USB one.
 async fn monitor(
     registry: Arc<Registry>,
     id: TransportId,
-    serial: String,
+    reach: Reach,
     mut device: Option<Arc<Device>>,
+    first_attempt_in: Duration,
 ) {
+    let serial = reach.name().to_string();
     let mut attempts = 0;
+    let mut delay = first_attempt_in;
     loop {
         if let Some(online) = device.take() {
             while let Some(incoming) = online.next_incoming().await {
                 tokio::spawn(serve_reverse(incoming));
             }
             tracing::info!(%serial, reason = ?online.lost().map(|e| e.to_string()), "device offline");
+            if let Reach::Usb(_) = reach {
+                registry.remove(id);
+                registry.usb_lost.notify_one();
+                return;
+            }
             if !registry.set_state(id, State::Offline) {
                 return;
             }
             attempts = 0;
+            delay = RECONNECT_INTERVAL;
         }
-        if attempts == RECONNECT_ATTEMPTS {
+        // A USB device is retried for as long as it is plugged in: the
+        // watcher removes it once it is not.
+        if matches!(reach, Reach::Tcp(_)) && attempts == RECONNECT_ATTEMPTS {
             tracing::info!(%serial, attempts, "giving up reconnecting; removed");
             registry.remove(id);
             return;
         }
         attempts += 1;
-        tokio::time::sleep(RECONNECT_INTERVAL).await;
+        tokio::time::sleep(delay).await;
+        delay = RECONNECT_INTERVAL;
         if !registry.contains(id) {
             return;
         }
-        match Device::connect_unattended(&serial, &registry.options).await {
+        match reach.connect(&registry.options).await {
             Ok(connected) => {
                 let connected = Arc::new(connected);
                 if !registry.set_online(id, connected.clone()) {
                     connected.close();
                     return;
                 }
-                tracing::info!(%serial, "reconnected");
+                match reach {
+                    Reach::Tcp(_) => tracing::info!(%serial, "reconnected"),
+                    Reach::Usb(_) => tracing::info!(%serial, "USB device connected"),
+                }
                 device = Some(connected);
             }
             Err(Error::Unauthorized { .. }) => {
@@ -388,7 +489,17 @@ async fn monitor(
                 attempts = 0;
                 registry.set_state(id, State::Unauthorized);
             }
-            Err(error) => tracing::debug!(%serial, %error, attempts, "reconnect failed"),
+            Err(error) => {
+                if let Reach::Usb(_) = reach {
+                    // Claimed by another process, no permission, ...: the
+                    // log says which; it stays listed as adb lists it.
+                    if attempts == 1 {
+                        tracing::info!(%serial, %error, "USB device not connected; retrying every 3 s");
+                    }
+                    registry.set_state(id, State::Offline);
+                }
+                tracing::debug!(%serial, %error, attempts, "reconnect failed");
+            }
         }
     }
 }

@@ -23,25 +23,25 @@ there they see and remove every connection's reverses.";
 pub struct ReverseArgs {
     /// List this connection's reverse forwards (see below).
     #[arg(long, conflicts_with_all = ["remove", "remove_all", "no_rebind", "remote"])]
-    list: bool,
+    pub list: bool,
     /// Remove this connection's reverse forward on REMOTE (see below).
     #[arg(long, value_name = "REMOTE", conflicts_with_all = ["remove_all", "no_rebind", "remote"])]
-    remove: Option<String>,
+    pub remove: Option<String>,
     /// Remove all of this connection's reverse forwards (see below).
     #[arg(long, conflicts_with_all = ["no_rebind", "remote"])]
-    remove_all: bool,
+    pub remove_all: bool,
     /// Fail (`cannot rebind existing socket`) if REMOTE is already
     /// reversed, instead of pointing it at LOCAL.
     #[arg(long)]
-    no_rebind: bool,
+    pub no_rebind: bool,
     /// Device end, where the device listens: tcp:PORT (its 127.0.0.1; tcp:0
     /// picks a free port, printed on stdout), localabstract:NAME or
     /// localfilesystem:PATH.
     #[arg(required_unless_present_any = ["list", "remove", "remove_all"], requires = "local")]
-    remote: Option<String>,
+    pub remote: Option<String>,
     /// Host end, where each connection goes on this machine: tcp:PORT (on
     /// 127.0.0.1), localabstract:NAME or localfilesystem:PATH.
-    local: Option<String>,
+    pub local: Option<String>,
 }
 
 pub async fn reverse(device: &Device, args: &ReverseArgs) -> anyhow::Result<i32> {

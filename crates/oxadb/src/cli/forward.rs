@@ -21,6 +21,10 @@ use tokio::net::{TcpListener, UnixListener};
 use super::state::{self, Forwarder};
 
 const AFTER_HELP: &str = "\
+Through an adb server (one answering on the server port, see `oxadb
+--help`), the server holds the forward, as with adb; --foreground still
+serves in this process, connected to the device directly.
+
 With no adb server, a forward is served by a background oxadb process
 (`oxadb __forwarder`, in its own session) whose pid is recorded in the
 state file ($XDG_STATE_HOME/oxadb/state, else ~/.local/state/oxadb/state;

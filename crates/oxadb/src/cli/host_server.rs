@@ -31,7 +31,11 @@ pub struct ServerFlags {
     socket: Option<String>,
     /// Talk to devices directly even when an adb server answers on the
     /// server port (also OXADB_DIRECT=1).
-    #[arg(long, env = "OXADB_DIRECT")]
+    #[arg(
+        long,
+        env = "OXADB_DIRECT",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
     pub direct: bool,
     /// Use the device with this transport id (through a server only).
     #[arg(short = 't', value_name = "ID")]

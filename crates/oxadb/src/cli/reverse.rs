@@ -8,9 +8,13 @@ use anyhow::{bail, Context};
 use oxadb::{Device, HostEnd};
 
 const AFTER_HELP: &str = "\
+Through an adb server (one answering on the server port, see `oxadb
+--help`), the server's connection holds the reverse forward, as with adb,
+and `oxadb reverse` returns at once. Without one, read on.
+
 A reverse forward belongs to the connection that made it: the device drops
-it when that connection ends. oxadb has no background server, so every
-oxadb command is a connection of its own: `oxadb reverse REMOTE LOCAL`
+it when that connection ends. Without a server every oxadb command is a
+connection of its own: `oxadb reverse REMOTE LOCAL`
 serves until Ctrl-C and its listener goes away when it exits. On oxadbd,
 `--list`, `--remove` and `--remove-all` act on their own connection's
 reverses only, so run from another oxadb they list nothing and remove

@@ -496,7 +496,7 @@ async fn direct(mut args: Args, settings: cli::settings::Settings) -> anyhow::Re
         Command::GetSerialno => cli::connect::get("get-serialno", &device).await?,
         Command::GetDevpath => cli::connect::get("get-devpath", &device).await?,
         _ => {
-            let endpoint = cli::endpoint::Endpoint::Direct(device);
+            let endpoint = cli::endpoint::Endpoint::Direct(Box::new(device));
             let code = on_device(&endpoint, &args.command, settings.durability).await?;
             endpoint.close();
             return Ok(code.unwrap_or_else(|| unreachable!("handled above")));

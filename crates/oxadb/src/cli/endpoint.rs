@@ -10,7 +10,8 @@ use oxadb::{BoxedStream, Device, DeviceService};
 use oxadb_wire::feature;
 
 pub enum Endpoint {
-    Direct(Device),
+    /// Boxed: a connection's state is large beside a server's address.
+    Direct(Box<Device>),
     Server(ServerDevice),
 }
 
@@ -77,7 +78,7 @@ impl Endpoint {
 
     pub fn sync(&self) -> &dyn SyncOpener {
         match self {
-            Endpoint::Direct(device) => device,
+            Endpoint::Direct(device) => &**device,
             Endpoint::Server(device) => device,
         }
     }

@@ -10,6 +10,9 @@ server is connected to (oxadb's state file stays empty):
   * push and pull of 16 MiB (sha256), through the socket the server relays;
   * forward tcp:0 to an echo server: the server holds it (`adb forward
     --list` shows it), data goes through, --no-rebind, --remove;
+  * reverse: the device's listener outlives the command (the server holds
+    it), data goes through, --list, --no-rebind, --remove;
+  * wait-for-device (-s, -e), get-devpath as adb prints it;
   * `--direct` and OXADB_DIRECT=1 beside the running server connect directly.
 
 And `oxadb start-server` on a private port: a background `oxadb server` that
@@ -173,6 +176,42 @@ def test_forward_is_held_by_the_server(via, device):
         assert r.rc == 1 and f"listener 'tcp:{local}' not found" in r.err, r
     finally:
         echo.close()
+
+
+def test_reverse_is_held_by_the_server(via, device):
+    """The device's listener outlives the `oxadb reverse` that made it: the
+    server's connection holds it, and the server connects what it accepts
+    to this machine."""
+    oxadb, adb = via
+    echo = EchoServer.tcp()
+    remote = free_port()
+    try:
+        r = oxadb("reverse", f"tcp:{remote}", f"tcp:{echo.port}")
+        assert r.rc == 0, r
+        payload = os.urandom(256 << 10)
+        assert roundtrip(remote, payload) == payload
+        line = f"tcp:{remote} tcp:{echo.port}"
+        assert line in oxadb("reverse", "--list").out
+        assert line in adb("reverse", "--list").out
+        r = oxadb("reverse", "--no-rebind", f"tcp:{remote}", f"tcp:{echo.port}")
+        assert r.rc == 1 and "cannot rebind existing socket" in r.err, r
+        r = oxadb("reverse", "--remove", f"tcp:{remote}")
+        assert r.rc == 0, r
+        assert line not in adb("reverse", "--list").out
+        assert _port_closed(remote)
+    finally:
+        oxadb("reverse", "--remove-all")
+        echo.close()
+
+
+def test_wait_for_device_and_devpath(via, device):
+    oxadb, adb = via
+    for args in (("wait-for-device",), ("-s", device.serial, "wait-for-any-device"),
+                 ("-e", "wait-for-device")):
+        r = oxadb(*args, timeout=30)
+        assert r.rc == 0, r
+    ours, theirs = oxadb("get-devpath"), adb("get-devpath")
+    assert ours.rc == 0 and ours.out == theirs.out, (ours, theirs)
 
 
 def test_direct_beside_a_running_server(via, device):

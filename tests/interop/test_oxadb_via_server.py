@@ -1,4 +1,5 @@
-"""`oxadb` through an adb host server: Google's adb 29 server and `oxadb server`.
+"""`oxadb` through an adb host server: Google's adb 29 and 34 servers, and
+`oxadb server` (adb 34 from scripts/install-adb34.sh, or $OXADB_ADB34).
 
 For each server (own private port, never 5037), with one oxadbd that only the
 server is connected to (oxadb's state file stays empty):
@@ -33,6 +34,7 @@ import pytest
 from echo import EchoServer, roundtrip
 from harness import (AdbResult, AdbServer, Daemon, clean_env, free_port, resolve_oxadb,
                      sha256_file, write_random)
+from test_adb34 import adb34_bin  # noqa: F401 (the fixture: adb 34, or a loud failure)
 from test_server import OxadbServer, _request
 
 
@@ -70,14 +72,28 @@ class Oxadb:
         return AdbResult(list(args), cp)
 
 
-@pytest.fixture(scope="module", params=["google-adb-29", "oxadb-server"])
+@pytest.fixture(scope="module")
+def adb34_server(adb34_bin, tmp_path_factory):
+    srv = AdbServer(adb34_bin, tmp_path_factory.mktemp("adb34"))
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.kill()
+
+
+@pytest.fixture(scope="module", params=["google-adb-29", "google-adb-34", "oxadb-server"])
 def via(request, device, tmp_path_factory):
     """(oxadb through the server, Google's adb CLI on the same server)."""
     if request.param == "google-adb-29":
         server: AdbServer = request.getfixturevalue("adb_server")
-        port = server.port
+        port, adb = server.port, server.adb
+    elif request.param == "google-adb-34":
+        server = request.getfixturevalue("adb34_server")
+        port, adb = server.port, server.adb
     else:
         port = request.getfixturevalue("oxadb_server").port
+        adb = request.getfixturevalue("adb_bin")
     oxadb = Oxadb(port, tmp_path_factory.mktemp("oxadb-client"))
     r = oxadb("connect", device.serial)
     assert r.rc == 0 and r.out.strip() in (f"connected to {device.serial}",
@@ -85,7 +101,6 @@ def via(request, device, tmp_path_factory):
     # The server holds the device: oxadb's own state has none.
     assert not (oxadb.state / "state").exists() or device.serial not in (
         oxadb.state / "state").read_text()
-    adb = request.getfixturevalue("adb_bin")
     google_cli = lambda *args: AdbResult(list(args), subprocess.run(  # noqa: E731
         [adb, "-P", str(port), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=clean_env(HOME=str(oxadb.home), ADB_EMU="0", ADB_USB="0"),

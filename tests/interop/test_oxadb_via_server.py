@@ -18,7 +18,8 @@ server is connected to (oxadb's state file stays empty):
 
 And `oxadb start-server` on a private port: a background `oxadb server` that
 Google's adb CLI then uses, its log in $TMPDIR/oxadb.$UID.log; `oxadb
-kill-server` stops it (the port closes).
+kill-server` stops it (the port closes). A server of another version is
+left running (adb would replace it); `oxadb kill-server` stops Google's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -288,3 +290,64 @@ def test_start_server_serves_googles_cli_and_kill_server_stops_it(adb_bin, devic
     finally:
         if not _port_closed(port):
             _request(port, b"host:kill")
+
+
+def test_start_server_leaves_a_server_of_another_version_running(tmp_path):
+    """adb replaces a server of another version; oxadb says what answers and
+    leaves it: someone else's tools may depend on it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    answered = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                request = conn.recv(64)
+                answered.append(request)
+                # Version 40 (0x28): an adb server other than adb 29+'s 41.
+                conn.sendall(b"OKAY00040028")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        env = clean_env(HOME=str(tmp_path), TMPDIR=str(tmp_path),
+                        OXADB_STATE_DIR=str(tmp_path / "state"))
+        cp = subprocess.run([str(resolve_oxadb()), "-P", str(port), "start-server"],
+                            stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=60)
+        assert cp.returncode == 0, cp
+        err = cp.stderr.decode()
+        assert "version 40" in err and "left running" in err, cp
+        assert b"000chost:version" in answered and not any(b"kill" in r for r in answered), \
+            answered
+        assert not (tmp_path / f"oxadb.{os.getuid()}.log").exists()
+    finally:
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        listener.close()
+        thread.join(timeout=5)
+
+
+def test_kill_server_stops_googles_server(adb_bin, tmp_path):
+    server = AdbServer(adb_bin, tmp_path / "adb").start()
+    try:
+        env = clean_env(HOME=str(tmp_path), ANDROID_ADB_SERVER_PORT=str(server.port),
+                        OXADB_STATE_DIR=str(tmp_path / "state"))
+        cp = subprocess.run([str(resolve_oxadb()), "kill-server"], stdin=subprocess.DEVNULL,
+                            capture_output=True, env=env, timeout=60)
+        assert cp.returncode == 0, cp
+        # oxadb waited for the port to close.
+        assert _port_closed(server.port)
+        # With no server left, kill-server still succeeds (and clears its state).
+        cp = subprocess.run([str(resolve_oxadb()), "kill-server"], stdin=subprocess.DEVNULL,
+                            capture_output=True, env=env, timeout=60)
+        assert cp.returncode == 0, cp
+    finally:
+        server.kill()

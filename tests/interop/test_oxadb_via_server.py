@@ -240,7 +240,10 @@ def test_direct_beside_a_running_server(via, device):
     assert r.rc == 0 and r.out == f"{device.serial}\n", r
     # -t only means something to a server.
     r = oxadb("--direct", "-t", "1", "get-state")
-    assert r.rc == 1 and "no adb server answers" in r.err, r
+    assert r.rc == 1 and "--direct (or OXADB_DIRECT) uses none" in r.err, r
+    # And where no server answers (the harness's port), -t says so.
+    r = oxadb("-t", "1", "get-state", env=clean_env(HOME=str(oxadb.home)))
+    assert r.rc == 1 and "no adb server answers at tcp:" in r.err, r
 
 
 def _port_closed(port: int) -> bool:

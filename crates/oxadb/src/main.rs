@@ -372,6 +372,9 @@ async fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     if args.server.selects_through_server() {
+        if args.server.direct {
+            anyhow::bail!("-t, -d and -e pick among an adb server's devices, and --direct (or OXADB_DIRECT) uses none");
+        }
         let (_, spec) = args.server.address()?;
         anyhow::bail!(
             "-t, -d and -e pick among an adb server's devices, and no adb server answers at {spec} (`oxadb start-server` starts one)"

@@ -221,3 +221,65 @@ pub async fn kill_server(flags: &ServerFlags) -> anyhow::Result<bool> {
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(port: Option<u16>, host: Option<&str>, socket: Option<&str>) -> ServerFlags {
+        ServerFlags {
+            port,
+            host: host.map(str::to_string),
+            socket: socket.map(str::to_string),
+            direct: false,
+            transport_id: None,
+            usb: false,
+            local: false,
+        }
+    }
+
+    fn address(flags: &ServerFlags) -> (String, String) {
+        let (addr, spec) = flags.address().unwrap();
+        (addr.to_string(), spec)
+    }
+
+    #[test]
+    fn the_server_address_is_taken_as_adbs_client_takes_it() {
+        let default = ("127.0.0.1:5037".to_string(), "tcp:5037".to_string());
+        assert_eq!(address(&flags(None, None, None)), default);
+        assert_eq!(
+            address(&flags(Some(5038), None, None)),
+            ("127.0.0.1:5038".to_string(), "tcp:5038".to_string())
+        );
+        assert_eq!(
+            address(&flags(Some(5039), Some("127.0.0.2"), None)),
+            (
+                "127.0.0.2:5039".to_string(),
+                "tcp:127.0.0.2:5039".to_string()
+            )
+        );
+        assert_eq!(
+            address(&flags(None, None, Some("tcp:5040"))),
+            ("127.0.0.1:5040".to_string(), "tcp:5040".to_string())
+        );
+        assert_eq!(
+            address(&flags(None, None, Some("tcp:[::1]:5041"))),
+            ("[::1]:5041".to_string(), "tcp:[::1]:5041".to_string())
+        );
+        for bad in ["5037", "tcp:", "tcp:host:port", "localabstract:adb"] {
+            assert!(flags(None, None, Some(bad)).address().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn selectors_follow_adbs_flags() {
+        let mut f = flags(None, None, None);
+        assert_eq!(f.selector(None), Selector::Any);
+        assert_eq!(f.selector(Some("s1")), Selector::Serial("s1".into()));
+        f.local = true;
+        assert_eq!(f.selector(Some("s1")), Selector::Local);
+        assert!(f.selects_through_server());
+        f.transport_id = Some(4);
+        assert_eq!(f.selector(None), Selector::TransportId(4));
+    }
+}

@@ -38,9 +38,10 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List the USB devices with an ADB interface, the TCP devices `connect`
-    /// added (or -s names), with their state (device, unauthorized, offline,
-    /// busy, no permissions).
+    /// List the devices: the adb server's, when one answers; else the USB
+    /// devices with an ADB interface and the TCP devices `connect` added (or
+    /// -s names), with their state (device, unauthorized, offline, busy, no
+    /// permissions).
     Devices(cli::devices::DevicesArgs),
     /// Run a command on the device (an interactive shell when none is given).
     /// Exits with the remote command's status.
@@ -51,21 +52,22 @@ enum Command {
     Push(cli::transfer::PushArgs),
     /// Copy files or directories from the device.
     Pull(cli::transfer::PullArgs),
-    /// Forward a local socket to a socket on the device, served by a
-    /// background oxadb (--list, --remove, --remove-all; --foreground to
-    /// serve until Ctrl-C instead).
+    /// Forward a local socket to a socket on the device, served by the adb
+    /// server when one answers, else by a background oxadb (--list, --remove,
+    /// --remove-all; --foreground to serve until Ctrl-C instead).
     Forward(cli::forward::ForwardArgs),
     /// Make the device listen on REMOTE and relay its connections to LOCAL
-    /// here; runs until Ctrl-C (--list/--remove/--remove-all: this
-    /// connection's only, see `oxadb reverse --help`).
+    /// here: kept by the adb server when one answers, else served until
+    /// Ctrl-C (see `oxadb reverse --help`).
     Reverse(cli::reverse::ReverseArgs),
     /// Open any service (e.g. `dev-raw:/dev/ttyS0`, `framebuffer:`) and copy
     /// stdin to it and its output to stdout, until the device closes it.
     Raw(cli::raw::RawArgs),
     /// Save the device's screen (`framebuffer:`) as a PPM image.
     Framebuffer(cli::framebuffer::FramebufferArgs),
-    /// Connect to HOST[:PORT] (port 5555 if omitted) and remember it: later
-    /// commands without -s use it when it is the only one.
+    /// Connect to HOST[:PORT] (port 5555 if omitted): the adb server does
+    /// when one answers; else oxadb remembers it, and later commands without
+    /// -s use it when it is the only one.
     Connect {
         #[arg(value_name = "HOST[:PORT]")]
         address: Option<String>,

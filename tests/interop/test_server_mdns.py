@@ -19,7 +19,8 @@ namespace's loopback.
     the server as soon as its `_adb-tls-connect._tcp` service is seen,
     listed under the service name, and `adb shell` works over TLS;
     `adb connect IP:PORT` to it works over TLS too;
-  * an unpaired device is seen but not connected by itself, and
+  * an unpaired device is seen (also by `track-mdns-services`, adb's
+    protobuf) but not connected by itself, and
     `adb connect INSTANCE._adb-tls-connect._tcp` connects it by name.
 
 Google's adb 34 server is not compared here: Debian's build has no mDNS
@@ -139,6 +140,48 @@ class PairingWindow:
         stop_process(self.proc)
 
 
+TRACK_CLIENT = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+s.sendall(b"%04x" % len(b"host:track-mdns-services") + b"host:track-mdns-services")
+def exactly(n):
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        assert chunk, "closed"
+        out += chunk
+    return out
+assert exactly(4) == b"OKAY"
+sys.stdout.write(exactly(int(exactly(4), 16)).hex())
+"""
+
+
+def proto_fields(data: bytes) -> list[tuple[int, bytes | int]]:
+    """A protobuf message's (field, value): bytes for length-delimited
+    fields, ints for varints (all MdnsServices holds)."""
+    def varint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7f) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value, at
+    out, at = [], 0
+    while at < len(data):
+        key, at = varint(at)
+        if key & 7 == 2:
+            size, at = varint(at)
+            out.append((key >> 3, data[at:at + size]))
+            at += size
+        else:
+            assert key & 7 == 0, key
+            value, at = varint(at)
+            out.append((key >> 3, value))
+    return out
+
+
 @pytest.fixture
 def net(adb34_bin, tmp_path):  # noqa: F811
     """The namespaces, and what was started in them (stopped by pid at the end)."""
@@ -219,6 +262,27 @@ def test_unpaired_device_is_seen_not_connected_then_connected_by_name(net, adb34
     instance = instance_in(tmp_path)
     assert instance.startswith(f"adb-{SERIAL}-")
     server.wait_for(("mdns", "services"), f"{instance}\t{CONNECT}\t{DEVICE}:{PORT}")
+    server.wait_for(("mdns", "services"), f"{instance}\t{PLAIN}\t{DEVICE}:{PORT}")
+    # track-mdns-services: adb's MdnsServices (AOSP proto/adb_host.proto):
+    # tcp = 1, tls = 2 (known_device absent: not paired), each wrapping an
+    # MdnsService (instance 1, service 2, ipv4 4, port 6, model 7, api 8,
+    # version 11).
+    cp = subprocess.run(["ip", "netns", "exec", link.host_ns, "python3", "-c", TRACK_CLIENT,
+                         str(server.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    services = proto_fields(bytes.fromhex(cp.stdout.decode()))
+    kinds = sorted(field for field, _ in services)
+    assert kinds == [1, 2], services
+    for kind, wrapper in services:
+        inner = proto_fields(wrapper)
+        assert [f for f, _ in inner] == [1], inner
+        fields = dict(proto_fields(inner[0][1]))
+        assert fields[1] == instance.encode(), fields
+        assert fields[2] == (PLAIN if kind == 1 else CONNECT).encode(), fields
+        assert (fields[4], fields[6]) == (DEVICE.encode(), PORT), fields
+        assert (fields[7], fields[8], fields[11]) == (b"mdns-board", b"31", b"1"), fields
+
     # Seen, but not paired: not connected by itself.
     time.sleep(2)
     r = server("devices")

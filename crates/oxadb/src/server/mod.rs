@@ -8,7 +8,7 @@
 //! - [`registry`]: the transports, their ids and states, reconnection;
 //! - [`forward`]: `adb forward`'s listeners;
 //! - [`mdns`]: mDNS discovery and auto-connection of paired devices;
-//! - [`pair`]: `host:pair:`.
+//! - [`pair`]: pairing (`host:pair:`).
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
 

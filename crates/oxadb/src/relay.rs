@@ -3,16 +3,26 @@
 //! closes both sides of a local socket when either does). One rule for the
 //! adb host server's clients, its forwards, `oxadb forward` and the streams
 //! a device opens for `adb reverse`.
+//!
+//! Each direction copies its bytes once, at the socket (the kernel copies
+//! into or out of user memory; nothing can avoid that for a TCP or Unix
+//! socket): what the device sent is written to the socket from the chunk the
+//! engine received it in, and what the socket gives is read into a chunk
+//! that becomes the WRTE payload itself.
 
 use std::io;
 
+use bytes::BytesMut;
 use oxadb_io::AdbStream;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Bytes read at a time in each direction: a sync `DATA` frame (64 KiB)
-/// and more, so a push or pull moves in large pieces. Each direction's
-/// bytes are copied once, into this buffer, on their way through.
-const BUFFER: usize = 256 * 1024;
+/// Bytes taken at a time in each direction: a sync `DATA` frame (64 KiB)
+/// and more, so a push or pull moves in large pieces and a WRTE payload is
+/// as large as the device's maximum (1 MiB with oxadbd, 256 KiB with adbd).
+const CHUNK: usize = 256 * 1024;
+
+/// Room under which the next socket read gets a fresh [`CHUNK`].
+const REFILL_BELOW: usize = 64 * 1024;
 
 /// Relays until either side ends, then closes both: the device stream once
 /// what was written to it has been sent, the socket when dropped. Returns
@@ -22,12 +32,38 @@ pub async fn relay<S>(socket: S, stream: AdbStream) -> io::Result<(u64, u64)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let (device_read, mut device_write) = tokio::io::split(stream);
-    let (client_read, mut client_write) = tokio::io::split(socket);
-    let mut device_read = BufReader::with_capacity(BUFFER, device_read);
-    let mut client_read = BufReader::with_capacity(BUFFER, client_read);
+    let device = &stream;
+    let (mut client_read, mut client_write) = tokio::io::split(socket);
+    let to_client = async {
+        let mut moved = 0u64;
+        while let Some(chunk) = device.read_chunk(CHUNK).await? {
+            client_write.write_all(&chunk).await?;
+            moved += chunk.len() as u64;
+        }
+        client_write.flush().await?;
+        io::Result::Ok(moved)
+    };
+    let to_device = async {
+        let mut moved = 0u64;
+        let mut buffer = BytesMut::new();
+        loop {
+            // The engine keeps each payload until its WRTE is sent, so what
+            // was handed on is never written again: the next read goes into
+            // what is left of the allocation, or a fresh one once that is
+            // small (a keystroke does not cost a new 256 KiB).
+            if buffer.capacity() < REFILL_BELOW {
+                buffer.reserve(CHUNK);
+            }
+            if client_read.read_buf(&mut buffer).await? == 0 {
+                device.close();
+                return io::Result::Ok(moved);
+            }
+            moved += buffer.len() as u64;
+            device.send(buffer.split().freeze()).await?;
+        }
+    };
     tokio::select! {
-        moved = tokio::io::copy_buf(&mut device_read, &mut client_write) => moved.map(|n| (n, 0)),
-        moved = tokio::io::copy_buf(&mut client_read, &mut device_write) => moved.map(|n| (0, n)),
+        moved = to_client => moved.map(|n| (n, 0)),
+        moved = to_device => moved.map(|n| (0, n)),
     }
 }

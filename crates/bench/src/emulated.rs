@@ -820,6 +820,7 @@ pub(crate) fn emulated(args: EmulatedArgs) -> Result<EmulatedResults> {
     let clients: Vec<Client> = args
         .clients
         .iter()
+        .filter(|c| !c.is_empty())
         .map(|c| Client::parse(c))
         .collect::<Result<_>>()?;
     let small_clients: Vec<Client> = args

@@ -24,10 +24,21 @@ const CHUNK: usize = 256 * 1024;
 /// Room under which the next socket read gets a fresh [`CHUNK`].
 const REFILL_BELOW: usize = 64 * 1024;
 
+/// How the socket-to-device direction ended.
+enum ToDevice {
+    /// The socket reached its end or failed: the relay is over.
+    SocketEnded(io::Result<u64>),
+    /// The device closed the stream while the socket still sent.
+    DeviceClosed,
+}
+
 /// Relays until either side ends, then closes both: the device stream once
-/// what was written to it has been sent, the socket when dropped. Returns
-/// the bytes moved by the side that ended (to the socket, to the device;
-/// the other count is 0), or its error.
+/// what was written to it has been sent, the socket when dropped. A device
+/// that closes its end still has everything it sent before delivered (AOSP
+/// `sockets.cpp` local_socket_close waits for pending data: a shell's exit
+/// status is the last packet before its close). Returns the bytes moved by
+/// the side that ended (to the socket, to the device; the other count is
+/// 0), or its error.
 pub async fn relay<S>(socket: S, stream: AdbStream) -> io::Result<(u64, u64)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
@@ -43,6 +54,7 @@ where
         client_write.flush().await?;
         io::Result::Ok(moved)
     };
+    tokio::pin!(to_client);
     let to_device = async {
         let mut moved = 0u64;
         let mut buffer = BytesMut::new();
@@ -54,16 +66,25 @@ where
             if buffer.capacity() < REFILL_BELOW {
                 buffer.reserve(CHUNK);
             }
-            if client_read.read_buf(&mut buffer).await? == 0 {
-                device.close();
-                return io::Result::Ok(moved);
+            match client_read.read_buf(&mut buffer).await {
+                Ok(0) => {
+                    device.close();
+                    return ToDevice::SocketEnded(Ok(moved));
+                }
+                Ok(n) => moved += n as u64,
+                Err(error) => return ToDevice::SocketEnded(Err(error)),
             }
-            moved += buffer.len() as u64;
-            device.send(buffer.split().freeze()).await?;
+            if device.send(buffer.split().freeze()).await.is_err() {
+                return ToDevice::DeviceClosed;
+            }
         }
     };
     tokio::select! {
-        moved = to_client => moved.map(|n| (n, 0)),
-        moved = to_device => moved.map(|n| (0, n)),
+        moved = &mut to_client => moved.map(|n| (n, 0)),
+        ended = to_device => match ended {
+            ToDevice::SocketEnded(moved) => moved.map(|n| (0, n)),
+            // The closed stream reads to its end: what the device sent first.
+            ToDevice::DeviceClosed => to_client.await.map(|n| (n, 0)),
+        },
     }
 }

@@ -20,6 +20,7 @@ pub mod device;
 pub mod error;
 mod first_bytes;
 pub mod host_client;
+pub mod pair;
 pub mod relay;
 pub mod reverse;
 pub mod server;

@@ -6,7 +6,9 @@
 //! - [`client`]: one client connection, request by request;
 //! - [`host`]: what each host request answers (no I/O);
 //! - [`registry`]: the transports, their ids and states, reconnection;
-//! - [`forward`]: `adb forward`'s listeners.
+//! - [`forward`]: `adb forward`'s listeners;
+//! - [`mdns`]: mDNS discovery and auto-connection of paired devices;
+//! - [`pair`]: pairing (`host:pair:`).
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
 
@@ -14,6 +16,8 @@ pub mod client;
 pub mod forward;
 pub mod host;
 pub mod listener;
+pub mod mdns;
+pub mod pair;
 pub mod registry;
 
 use std::sync::Arc;
@@ -29,6 +33,7 @@ pub use registry::{Registry, State, TransportId, TransportInfo};
 pub struct Shared {
     pub registry: Arc<Registry>,
     pub forwards: Arc<forward::Forwards>,
+    pub mdns: Arc<mdns::Discovery>,
     /// Notified by `host:kill`.
     pub stop: Notify,
 }

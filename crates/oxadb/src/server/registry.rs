@@ -192,6 +192,16 @@ impl Registry {
             return "empty address".to_string();
         }
         let serial = target::with_default_port(address);
+        self.connect_at(serial.clone(), serial).await
+    }
+
+    /// Connects the device at `dial` (`host:port`) as transport `serial`.
+    /// A device found over mDNS is listed under its service name
+    /// (`INSTANCE._adb-tls-connect._tcp`, AOSP `socket_spec.cpp`) and, as
+    /// in adb (`client/transport_emulator.cpp` connect_device), is not
+    /// reconnected when lost: it is removed, and connected again when it
+    /// is announced again.
+    pub async fn connect_at(self: &Arc<Self>, serial: String, dial: String) -> String {
         let id = {
             let mut inner = self.lock();
             if inner.entries.iter().any(|e| e.info.serial == serial) {
@@ -207,7 +217,7 @@ impl Registry {
             id
         };
         self.notify();
-        let (answer, device) = match Device::connect_unattended(&serial, &self.options).await {
+        let (answer, device) = match Device::connect_unattended(&dial, &self.options).await {
             Ok(device) => (format!("connected to {serial}"), Some(Arc::new(device))),
             Err(Error::Unauthorized { .. }) => {
                 self.set_state(id, State::Unauthorized);
@@ -229,7 +239,8 @@ impl Registry {
                 return format!("failed to connect to {serial}");
             }
         }
-        let monitor = tokio::spawn(monitor(self.clone(), id, serial, device));
+        let reconnect = (serial == dial).then_some(dial);
+        let monitor = tokio::spawn(monitor(self.clone(), id, serial, reconnect, device));
         match self.lock().entries.iter_mut().find(|e| e.info.id == id) {
             Some(entry) => entry.monitor = Some(monitor.abort_handle()),
             None => monitor.abort(),
@@ -344,11 +355,12 @@ impl Registry {
 
 /// Watches transport `id` for as long as it is known: serves the streams
 /// its device opens (`adb reverse`), marks it offline when its connection
-/// ends, and connects it again.
+/// ends, and connects it again at `reconnect` (`None`: removes it).
 async fn monitor(
     registry: Arc<Registry>,
     id: TransportId,
     serial: String,
+    reconnect: Option<String>,
     mut device: Option<Arc<Device>>,
 ) {
     let mut attempts = 0;
@@ -363,6 +375,11 @@ async fn monitor(
             }
             attempts = 0;
         }
+        let Some(address) = &reconnect else {
+            tracing::info!(%serial, "not reconnected (found over mDNS); removed");
+            registry.remove(id);
+            return;
+        };
         if attempts == RECONNECT_ATTEMPTS {
             tracing::info!(%serial, attempts, "giving up reconnecting; removed");
             registry.remove(id);
@@ -373,7 +390,7 @@ async fn monitor(
         if !registry.contains(id) {
             return;
         }
-        match Device::connect_unattended(&serial, &registry.options).await {
+        match Device::connect_unattended(address, &registry.options).await {
             Ok(connected) => {
                 let connected = Arc::new(connected);
                 if !registry.set_online(id, connected.clone()) {

@@ -98,6 +98,17 @@ pub fn message(text: &str) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// A length-prefixed binary message (a protobuf, which cannot be cut):
+/// `None` when longer than [`MAX_MESSAGE`].
+pub fn binary_message(bytes: &[u8]) -> Option<Vec<u8>> {
+    if bytes.len() > MAX_MESSAGE {
+        return None;
+    }
+    let mut out = format!("{:04x}", bytes.len()).into_bytes();
+    out.extend_from_slice(bytes);
+    Some(out)
+}
+
 /// `OKAY` followed by a message (`host:version`, `host:devices`, ...).
 pub fn okay_message(text: &str) -> Vec<u8> {
     let mut out = OKAY.to_vec();

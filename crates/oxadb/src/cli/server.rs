@@ -14,14 +14,10 @@ devices as they are plugged in, unless ADB_USB=0 (as Google's server).";
 #[derive(Debug, clap::Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct ServerArgs {
-    /// Port to listen on (as adb's -P).
-    #[arg(
-        short = 'P',
-        long = "port",
-        env = "ANDROID_ADB_SERVER_PORT",
-        default_value_t = oxadb::server::listener::DEFAULT_PORT
-    )]
-    port: u16,
+    /// Port to listen on (as adb's -P; also given before the command)
+    /// [default: 5037].
+    #[arg(short = 'P', long = "port", env = "ANDROID_ADB_SERVER_PORT")]
+    port: Option<u16>,
     /// Listen on all network interfaces, not only 127.0.0.1: whoever
     /// reaches the port controls every device.
     #[arg(short = 'a')]
@@ -31,9 +27,19 @@ pub struct ServerArgs {
     any_user: bool,
 }
 
-pub async fn server(args: &ServerArgs, connect: &ConnectOptions) -> anyhow::Result<i32> {
+/// `port`: the port given before the command (`oxadb -P PORT server`),
+/// used unless the command has its own.
+pub async fn server(
+    args: &ServerArgs,
+    port: Option<u16>,
+    connect: &ConnectOptions,
+) -> anyhow::Result<i32> {
+    let port = args
+        .port
+        .or(port)
+        .unwrap_or(oxadb::server::listener::DEFAULT_PORT);
     let config = ServerConfig {
-        port: args.port,
+        port,
         all_interfaces: args.all_interfaces,
         access: if args.any_user {
             Access::AnyUser
@@ -53,7 +59,7 @@ pub async fn server(args: &ServerArgs, connect: &ConnectOptions) -> anyhow::Resu
     if args.all_interfaces {
         tracing::warn!(
             "-a: listening on every interface: anyone who can reach port {} controls every device this server holds",
-            args.port
+            port
         );
     }
     tracing::info!(

@@ -131,6 +131,23 @@ pub enum Action {
     },
     /// `OKAY`, then the server stops.
     Kill,
+    /// What the mDNS discovery answers (`server/mdns.rs`).
+    Mdns(MdnsQuery),
+    /// `OKAY`, then pairing, then adb's answer: a message on success,
+    /// `FAIL` and the reason otherwise (AOSP `services.cpp` pair_service).
+    Pair { code: String, address: String },
+}
+
+/// A request about what mDNS discovery sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MdnsQuery {
+    /// `mdns:check`: whether discovery runs.
+    Check,
+    /// `mdns:services`: the services seen.
+    Services,
+    /// `track-mdns-services`: `OKAY`, then the services as protobuf now
+    /// and at every change.
+    Track,
 }
 
 /// Why no single transport was chosen.
@@ -413,15 +430,16 @@ pub fn dispatch(
         },
         // A new emulator announcing itself gets no answer.
         Emulator(_) => Action::Reply(Vec::new()),
-        request @ (TrackDevices(_)
-        | ReconnectOffline
-        | Pair { .. }
-        | MdnsCheck
-        | MdnsServices
-        | TrackMdnsServices
-        | Attach
-        | Detach
-        | ServerStatus) => Action::Reply(fail(&not_served(request))),
+        MdnsCheck => Action::Mdns(MdnsQuery::Check),
+        MdnsServices => Action::Mdns(MdnsQuery::Services),
+        TrackMdnsServices => Action::Mdns(MdnsQuery::Track),
+        Pair { code, address } => Action::Pair {
+            code: code.clone(),
+            address: address.clone(),
+        },
+        request @ (TrackDevices(_) | ReconnectOffline | Attach | Detach | ServerStatus) => {
+            Action::Reply(fail(&not_served(request)))
+        }
     }
 }
 
@@ -727,7 +745,21 @@ mod tests {
             text.starts_with("FAIL") && text.contains("not served"),
             "{text}"
         );
-        assert!(reply("host:pair:123456:a:1", None, &[]).starts_with("FAIL"));
+        assert_eq!(
+            run("host:pair:123456:a:1", None, &[]),
+            Action::Pair {
+                code: "123456".into(),
+                address: "a:1".into()
+            }
+        );
+        assert_eq!(
+            run("host:mdns:services", None, &[]),
+            Action::Mdns(MdnsQuery::Services)
+        );
+        assert_eq!(
+            run("host:track-mdns-services", None, &[]),
+            Action::Mdns(MdnsQuery::Track)
+        );
         assert_eq!(reply("host:emulator:5554", None, &[]), "");
     }
 

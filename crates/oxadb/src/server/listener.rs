@@ -17,6 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::forward::Forwards;
+use super::mdns::Discovery;
 use super::registry::Registry;
 use super::Shared;
 use crate::ConnectOptions;
@@ -86,6 +87,7 @@ impl Server {
             .map_err(|cause| BindError { address, cause })?;
         let registry = Registry::new(config.connect);
         let forwards = Forwards::new(registry.clone());
+        let mdns = Discovery::start(registry.clone());
         Ok(Server {
             listener,
             access: config.access,
@@ -93,6 +95,7 @@ impl Server {
             shared: Arc::new(Shared {
                 registry,
                 forwards,
+                mdns,
                 stop: tokio::sync::Notify::new(),
             }),
         })

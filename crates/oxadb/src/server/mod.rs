@@ -7,7 +7,9 @@
 //! - [`host`]: what each host request answers (no I/O);
 //! - [`registry`]: the transports, their ids and states, reconnection;
 //! - [`usb`]: USB devices, added and removed as they are plugged in;
-//! - [`forward`]: `adb forward`'s listeners.
+//! - [`forward`]: `adb forward`'s listeners;
+//! - [`mdns`]: mDNS discovery and auto-connection of paired devices;
+//! - [`pair`]: pairing (`host:pair:`).
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
 
@@ -15,6 +17,8 @@ pub mod client;
 pub mod forward;
 pub mod host;
 pub mod listener;
+pub mod mdns;
+pub mod pair;
 pub mod registry;
 pub mod usb;
 
@@ -31,6 +35,7 @@ pub use registry::{Registry, State, TransportId, TransportInfo};
 pub struct Shared {
     pub registry: Arc<Registry>,
     pub forwards: Arc<forward::Forwards>,
+    pub mdns: Arc<mdns::Discovery>,
     /// Notified by `host:kill`.
     pub stop: Notify,
 }

@@ -128,24 +128,30 @@ impl Entry {
 
 /// How a transport's device is connected (again).
 enum Reach {
+    /// At the address that is its serial.
     Tcp(String),
+    /// Found over mDNS, listed under its service name: never reconnected
+    /// (removed when lost, connected again when announced again).
+    Mdns(String),
     Usb(Box<UsbDeviceInfo>),
 }
 
 impl Reach {
     fn name(&self) -> &str {
         match self {
-            Reach::Tcp(serial) => serial,
+            Reach::Tcp(serial) | Reach::Mdns(serial) => serial,
             Reach::Usb(device) => &device.serial,
         }
     }
 
     /// Unattended: a device waiting for its user is `Unauthorized` at once.
-    async fn connect(&self, options: &ConnectOptions) -> Result<Device, Error> {
-        match self {
+    /// `None` for a device that is not connected again.
+    async fn connect(&self, options: &ConnectOptions) -> Option<Result<Device, Error>> {
+        Some(match self {
             Reach::Tcp(serial) => Device::connect_unattended(serial, options).await,
+            Reach::Mdns(_) => return None,
             Reach::Usb(device) => Device::connect_usb_unattended(device, options).await,
-        }
+        })
     }
 }
 
@@ -238,6 +244,16 @@ impl Registry {
             return "empty address".to_string();
         }
         let serial = target::with_default_port(address);
+        self.connect_at(serial.clone(), serial).await
+    }
+
+    /// Connects the device at `dial` (`host:port`) as transport `serial`.
+    /// A device found over mDNS is listed under its service name
+    /// (`INSTANCE._adb-tls-connect._tcp`, AOSP `socket_spec.cpp`) and, as
+    /// in adb (`client/transport_emulator.cpp` connect_device), is not
+    /// reconnected when lost: it is removed, and connected again when it
+    /// is announced again.
+    pub async fn connect_at(self: &Arc<Self>, serial: String, dial: String) -> String {
         let id = {
             let mut inner = self.lock();
             if inner.entries.iter().any(|e| e.info.serial == serial) {
@@ -246,7 +262,7 @@ impl Registry {
             inner.add(TransportInfo::new(Kind::Tcp, serial.clone(), String::new()))
         };
         self.notify();
-        let (answer, device) = match Device::connect_unattended(&serial, &self.options).await {
+        let (answer, device) = match Device::connect_unattended(&dial, &self.options).await {
             Ok(device) => (format!("connected to {serial}"), Some(Arc::new(device))),
             Err(Error::Unauthorized { .. }) => {
                 self.set_state(id, State::Unauthorized);
@@ -268,7 +284,12 @@ impl Registry {
                 return format!("failed to connect to {serial}");
             }
         }
-        self.watch(id, Reach::Tcp(serial), device, RECONNECT_INTERVAL);
+        let reach = if serial == dial {
+            Reach::Tcp(serial)
+        } else {
+            Reach::Mdns(serial)
+        };
+        self.watch(id, reach, device, RECONNECT_INTERVAL);
         answer
     }
 
@@ -458,6 +479,11 @@ async fn monitor(
             attempts = 0;
             delay = RECONNECT_INTERVAL;
         }
+        if let Reach::Mdns(_) = reach {
+            tracing::info!(%serial, "not reconnected (found over mDNS); removed");
+            registry.remove(id);
+            return;
+        }
         // A USB device is retried for as long as it is plugged in: the
         // watcher removes it once it is not.
         if matches!(reach, Reach::Tcp(_)) && attempts == RECONNECT_ATTEMPTS {
@@ -471,7 +497,11 @@ async fn monitor(
         if !registry.contains(id) {
             return;
         }
-        match reach.connect(&registry.options).await {
+        let Some(result) = reach.connect(&registry.options).await else {
+            registry.remove(id);
+            return;
+        };
+        match result {
             Ok(connected) => {
                 let connected = Arc::new(connected);
                 if !registry.set_online(id, connected.clone()) {
@@ -479,7 +509,7 @@ async fn monitor(
                     return;
                 }
                 match reach {
-                    Reach::Tcp(_) => tracing::info!(%serial, "reconnected"),
+                    Reach::Tcp(_) | Reach::Mdns(_) => tracing::info!(%serial, "reconnected"),
                     Reach::Usb(_) => tracing::info!(%serial, "USB device connected"),
                 }
                 device = Some(connected);

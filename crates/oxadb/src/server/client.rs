@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use oxadb_wire::service::{DeviceListFormat, DeviceSelector, HostService, WaitState};
-use oxadb_wire::smart_socket::{self, fail, message, okay_message, RequestError, OKAY};
+use oxadb_wire::smart_socket::{
+    self, fail, message, message_bytes, okay_message, RequestError, OKAY,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::host::{self, Action, WaitOutcome};
@@ -65,6 +67,14 @@ where
             Action::Reconnect(id) => {
                 let answer = shared.registry.reconnect(id);
                 return socket.write_all(&okay_message(&answer)).await;
+            }
+            Action::ReconnectOffline => {
+                let answer = shared.registry.reconnect_offline();
+                return socket.write_all(&okay_message(&answer)).await;
+            }
+            Action::ServerStatus => {
+                socket.write_all(OKAY).await?;
+                return socket.write_all(&message_bytes(&shared.status)).await;
             }
             Action::Track(format) => return track(shared, socket, format).await,
             Action::WaitFor { selector, state } => {
@@ -141,8 +151,8 @@ where
     }
 }
 
-/// `track-devices[-l]`: `OKAY`, the list, and the list again whenever it
-/// changes, until the client closes (or sends anything: AOSP
+/// `track-devices[-l|-proto-binary|-proto-text]`: `OKAY`, the list, and
+/// the list again whenever it changes, until the client closes (or sends anything: AOSP
 /// `transport.cpp` device_tracker_enqueue closes then).
 async fn track<S>(
     shared: &Arc<Shared>,
@@ -152,16 +162,15 @@ async fn track<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let long = format == DeviceListFormat::Long;
     let mut changes = shared.registry.changes();
     socket.write_all(OKAY).await?;
-    let mut sent: Option<String> = None;
+    let mut sent: Option<Vec<u8>> = None;
     let mut scratch = [0u8; 64];
     loop {
         let _ = changes.borrow_and_update();
-        let list = host::device_list(&shared.registry.list(), long);
-        if sent.as_deref() != Some(list.as_str()) {
-            socket.write_all(&message(&list)).await?;
+        let list = host::tracked_list(&shared.registry.list(), format);
+        if sent.as_ref() != Some(&list) {
+            socket.write_all(&message_bytes(&list)).await?;
             sent = Some(list);
         }
         tokio::select! {

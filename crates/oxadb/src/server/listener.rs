@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use oxadb_io::peer_owner::{self, Owner};
 use oxadb_wire::smart_socket::fail;
+use prost::Message as _;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -80,6 +81,7 @@ impl Server {
         let listener = TcpListener::bind(address)
             .await
             .map_err(|cause| BindError { address, cause })?;
+        let status = super::status::server_status(&config.connect).encode_to_vec();
         let registry = Registry::new(config.connect);
         let forwards = Forwards::new(registry.clone());
         Ok(Server {
@@ -89,6 +91,7 @@ impl Server {
                 registry,
                 forwards,
                 stop: tokio::sync::Notify::new(),
+                status,
             }),
         })
     }

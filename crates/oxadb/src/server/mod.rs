@@ -6,7 +6,9 @@
 //! - [`client`]: one client connection, request by request;
 //! - [`host`]: what each host request answers (no I/O);
 //! - [`registry`]: the transports, their ids and states, reconnection;
-//! - [`forward`]: `adb forward`'s listeners.
+//! - [`forward`]: `adb forward`'s listeners;
+//! - [`proto`]: adb's protobuf messages (proto device lists, status);
+//! - [`status`]: what `host:server-status` says of this server.
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
 
@@ -14,7 +16,9 @@ pub mod client;
 pub mod forward;
 pub mod host;
 pub mod listener;
+pub mod proto;
 pub mod registry;
+pub mod status;
 
 use std::sync::Arc;
 
@@ -31,6 +35,8 @@ pub struct Shared {
     pub forwards: Arc<forward::Forwards>,
     /// Notified by `host:kill`.
     pub stop: Notify,
+    /// `host:server-status`'s answer, serialized.
+    pub status: Vec<u8>,
 }
 
 /// [`crate::relay::relay`], logging how it ended.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use oxadb_wire::Banner;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 
 use crate::reverse::HostEnd;
@@ -107,6 +107,8 @@ struct Entry {
     info: TransportInfo,
     device: Option<Arc<Device>>,
     monitor: Option<AbortHandle>,
+    /// Wakes its monitor for an attempt now (`host:reconnect-offline`).
+    retry_now: Arc<Notify>,
 }
 
 impl Entry {
@@ -192,19 +194,21 @@ impl Registry {
             return "empty address".to_string();
         }
         let serial = target::with_default_port(address);
-        let id = {
+        let (id, retry_now) = {
             let mut inner = self.lock();
             if inner.entries.iter().any(|e| e.info.serial == serial) {
                 return format!("already connected to {serial}");
             }
             let id = inner.next_id;
             inner.next_id += 1;
+            let retry_now = Arc::new(Notify::new());
             inner.entries.push(Entry {
                 info: TransportInfo::new(id, serial.clone()),
                 device: None,
                 monitor: None,
+                retry_now: retry_now.clone(),
             });
-            id
+            (id, retry_now)
         };
         self.notify();
         let (answer, device) = match Device::connect_unattended(&serial, &self.options).await {
@@ -229,7 +233,7 @@ impl Registry {
                 return format!("failed to connect to {serial}");
             }
         }
-        let monitor = tokio::spawn(monitor(self.clone(), id, serial, device));
+        let monitor = tokio::spawn(monitor(self.clone(), id, serial, device, retry_now));
         match self.lock().entries.iter_mut().find(|e| e.info.id == id) {
             Some(entry) => entry.monitor = Some(monitor.abort_handle()),
             None => monitor.abort(),
@@ -291,6 +295,23 @@ impl Registry {
         )
     }
 
+    /// `host:reconnect-offline`: every transport that is not online is
+    /// tried again now rather than at its next attempt; the answer is
+    /// adb's, a `reconnecting SERIAL` line for each, newest first (AOSP
+    /// `adb.cpp` handle_host_request; `transport.cpp` keeps its list so),
+    /// without the last newline.
+    pub fn reconnect_offline(&self) -> String {
+        let inner = self.lock();
+        let mut lines = Vec::new();
+        for entry in inner.entries.iter().rev() {
+            if entry.info.state != State::Device {
+                entry.retry_now.notify_one();
+                lines.push(format!("reconnecting {}", entry.info.serial));
+            }
+        }
+        lines.join("\n")
+    }
+
     fn remove(&self, id: TransportId) {
         let removed = {
             let mut inner = self.lock();
@@ -350,6 +371,7 @@ async fn monitor(
     id: TransportId,
     serial: String,
     mut device: Option<Arc<Device>>,
+    retry_now: Arc<Notify>,
 ) {
     let mut attempts = 0;
     loop {
@@ -369,7 +391,10 @@ async fn monitor(
             return;
         }
         attempts += 1;
-        tokio::time::sleep(RECONNECT_INTERVAL).await;
+        tokio::select! {
+            () = tokio::time::sleep(RECONNECT_INTERVAL) => {}
+            () = retry_now.notified() => {}
+        }
         if !registry.contains(id) {
             return;
         }

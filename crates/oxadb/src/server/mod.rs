@@ -8,7 +8,8 @@
 //! - [`registry`]: the transports, their ids and states, reconnection;
 //! - [`forward`]: `adb forward`'s listeners;
 //! - [`proto`]: adb's protobuf messages (proto device lists, status);
-//! - [`status`]: what `host:server-status` says of this server.
+//! - [`status`]: what `host:server-status` says of this server;
+//! - [`socket_spec`]: the server's own socket as `-L` names it.
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
 
@@ -18,6 +19,7 @@ pub mod host;
 pub mod listener;
 pub mod proto;
 pub mod registry;
+pub mod socket_spec;
 pub mod status;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use tokio::sync::Notify;
 
 pub use listener::{Access, BindError, Server, ServerConfig};
 pub use registry::{Registry, State, TransportId, TransportInfo};
+pub use socket_spec::{ListenHost, ListenSpec};
 
 /// What every client task of one server shares.
 pub struct Shared {

@@ -193,7 +193,15 @@ impl Registry {
         if address.is_empty() {
             return "empty address".to_string();
         }
-        let serial = target::with_default_port(address);
+        let is_vsock = address.starts_with("vsock:");
+        let serial = if is_vsock {
+            match vsock_serial(address) {
+                Ok(serial) => serial,
+                Err(answer) => return answer,
+            }
+        } else {
+            target::with_default_port(address)
+        };
         let (id, retry_now) = {
             let mut inner = self.lock();
             if inner.entries.iter().any(|e| e.info.serial == serial) {
@@ -211,7 +219,7 @@ impl Registry {
             (id, retry_now)
         };
         self.notify();
-        let (answer, device) = match Device::connect_unattended(&serial, &self.options).await {
+        let (answer, device) = match connect_device(&serial, &self.options).await {
             Ok(device) => (format!("connected to {serial}"), Some(Arc::new(device))),
             Err(Error::Unauthorized { .. }) => {
                 self.set_state(id, State::Unauthorized);
@@ -220,6 +228,11 @@ impl Registry {
             Err(error) => {
                 tracing::info!(%serial, %error, "connect failed");
                 self.remove(id);
+                // adb's words differ by socket type (AOSP `socket_spec.cpp`
+                // socket_spec_connect, `sysdeps/posix/network.cpp`).
+                if is_vsock {
+                    return format!("could not connect to vsock address '{address}'");
+                }
                 return format!(
                     "failed to connect to '{serial}': {}",
                     error.cause_in_adb_words()
@@ -398,7 +411,7 @@ async fn monitor(
         if !registry.contains(id) {
             return;
         }
-        match Device::connect_unattended(&serial, &registry.options).await {
+        match connect_device(&serial, &registry.options).await {
             Ok(connected) => {
                 let connected = Arc::new(connected);
                 if !registry.set_online(id, connected.clone()) {
@@ -418,6 +431,42 @@ async fn monitor(
     }
 }
 
+/// Connects the device of `serial`: `vsock:CID:PORT` over vsock, anything
+/// else over TCP (adb's connect_device: `vsock:` is the one other socket
+/// type a Linux server connects).
+async fn connect_device(serial: &str, options: &ConnectOptions) -> Result<Device, Error> {
+    if serial.starts_with("vsock:") {
+        Device::connect_vsock(serial, options, false).await
+    } else {
+        Device::connect_unattended(serial, options).await
+    }
+}
+
+/// `vsock:CID:PORT`'s serial, `vsock:CID:PORT` with both as numbers; `Err`
+/// is adb's answer to a spec it cannot use (AOSP `socket_spec.cpp`
+/// socket_spec_connect).
+fn vsock_serial(address: &str) -> Result<String, String> {
+    let fragments: Vec<&str> = address.split(':').collect();
+    if !(2..=3).contains(&fragments.len()) {
+        return Err(format!(
+            "expected vsock:cid or vsock:cid:port in '{address}'"
+        ));
+    }
+    let cid: u32 = fragments[1]
+        .parse()
+        .map_err(|_| format!("could not parse vsock cid in '{address}'"))?;
+    let port: u32 = match fragments.get(2) {
+        Some(port) => port
+            .parse()
+            .map_err(|_| format!("could not parse vsock port in '{address}'"))?,
+        None => 0,
+    };
+    if port == 0 {
+        return Err("vsock port was not provided.".to_string());
+    }
+    Ok(format!("vsock:{cid}:{port}"))
+}
+
 /// A stream the device opened (`adb reverse`): connected to the host end
 /// it names on this machine, as adb's server does, or refused.
 async fn serve_reverse(incoming: oxadb_io::Incoming) {
@@ -435,5 +484,32 @@ async fn serve_reverse(incoming: oxadb_io::Incoming) {
             tracing::debug!(service = incoming.service(), %error, "reverse connection refused here");
             incoming.refuse();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vsock_specs_as_adb_reads_them() {
+        assert_eq!(vsock_serial("vsock:3:5555"), Ok("vsock:3:5555".into()));
+        assert_eq!(vsock_serial("vsock:03:05555"), Ok("vsock:3:5555".into()));
+        assert_eq!(
+            vsock_serial("vsock:3"),
+            Err("vsock port was not provided.".into())
+        );
+        assert_eq!(
+            vsock_serial("vsock:x:1"),
+            Err("could not parse vsock cid in 'vsock:x:1'".into())
+        );
+        assert_eq!(
+            vsock_serial("vsock:1:y"),
+            Err("could not parse vsock port in 'vsock:1:y'".into())
+        );
+        assert_eq!(
+            vsock_serial("vsock:1:2:3"),
+            Err("expected vsock:cid or vsock:cid:port in 'vsock:1:2:3'".into())
+        );
     }
 }

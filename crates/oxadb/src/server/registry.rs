@@ -229,9 +229,15 @@ impl Registry {
                 tracing::info!(%serial, %error, "connect failed");
                 self.remove(id);
                 // adb's words differ by socket type (AOSP `socket_spec.cpp`
-                // socket_spec_connect, `sysdeps/posix/network.cpp`).
+                // socket_spec_connect, `sysdeps/posix/network.cpp`); a vsock
+                // socket that connected but gave no device is connect_device's.
                 if is_vsock {
-                    return format!("could not connect to vsock address '{address}'");
+                    return match error {
+                        Error::Connect { .. } => {
+                            format!("could not connect to vsock address '{address}'")
+                        }
+                        _ => format!("failed to connect to {serial}"),
+                    };
                 }
                 return format!(
                     "failed to connect to '{serial}': {}",

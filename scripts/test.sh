@@ -6,9 +6,10 @@
 #   2. installs a private copy of Google adb 34.0.5 (Debian 13's adb package,
 #      pinned) under target/peers/adb-34 with scripts/install-adb34.sh, for
 #      the compression and burst-mode interop tests,
-#   3. installs the pinned Python test dependencies (pytest, adb-shell),
+#   3. installs the pinned Python test dependencies (pytest, adb-shell, adbutils),
 #   4. installs Node.js and npm (Debian's nodejs and npm packages) if missing,
-#      and the pinned Tango client (npm ci in tests/interop/tango),
+#      and the pinned Tango client and its adb server client (npm ci in
+#      tests/interop/tango),
 #   5. builds the workspace (release),
 #   6. checks formatting,
 #   7. runs clippy with warnings denied,
@@ -116,6 +117,8 @@ python3 -m pip --version >/dev/null 2>&1 || die "pip is missing for python3 (pyt
 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
     python3 -m pip install -q -r tests/requirements.txt
 python3 -m pytest --version
+# test_server_clients.py drives oxadb server with adbutils.
+python3 -c "import adbutils" || die "adbutils is not importable after installing tests/requirements.txt"
 
 # --------------------------------------------------------------------------------
 phase "Node.js and Tango (npm ci in tests/interop/tango)"
@@ -138,6 +141,9 @@ esac
 echo "node ${NODE_VERSION_TEXT}, npm $(npm --version)"
 (cd tests/interop/tango && npm ci --no-audit --no-fund) ||
     die "\`npm ci\` failed in tests/interop/tango (pinned in its package-lock.json)"
+# test_server_clients.py drives oxadb server with Tango's server client.
+[ -f tests/interop/tango/node_modules/@yume-chan/adb-server-node-tcp/package.json ] ||
+    die "@yume-chan/adb-server-node-tcp is missing after \`npm ci\` in tests/interop/tango"
 
 # --------------------------------------------------------------------------------
 phase "cargo build --release --workspace"

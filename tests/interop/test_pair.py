@@ -223,6 +223,11 @@ def test_oxadb_pairs_then_works_over_tls(pair_window, fresh_daemon, tmp_path):
     r = run_oxadb(home, "pair", w.address, input=f"{w.code}\n".encode())
     assert r.returncode == 0, r
     assert f"Successfully paired to {w.address} [guid=adb-test-0xpair]" in r.stdout.decode(), r
+    # Recorded as adb records it (AdbKnownHosts { HostInfo { guid } }), so
+    # that a host server connects the device when it sees it over mDNS.
+    guid = b"adb-test-0xpair"
+    known = (home / ".android" / "adb_known_hosts.pb").read_bytes()
+    assert known == bytes([0x0a, len(guid) + 2, 0x0a, len(guid)]) + guid, known
     rc, out, err = w.finish()
     assert rc == 0, (out, err)
     host_key = key_of((home / ".android" / "adbkey.pub").read_text())

@@ -9,7 +9,8 @@ same oxadbd and the outputs are compared:
     after every command);
   * connect (and connecting twice), devices and devices -l, get-state,
     get-serialno, an unknown serial's error;
-  * shell output and exit statuses, push and pull of 16 MiB (sha256);
+  * shell output and exit statuses (also when the device closes the stream
+    while adb still writes to it), push and pull of 16 MiB (sha256);
   * forward tcp:X tcp:Y, data through it, --list, --remove;
   * a lost device goes offline (a tracker sees it) and is reconnected;
   * a device that wants a key is kept `unauthorized` until it is trusted;
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -205,6 +207,18 @@ def test_shell(ours):
     assert (r.rc, r.out, r.err) == (3, "out\n", "err\n"), r
     r = ours("shell", "exit 3")
     assert r.rc == 3, r
+
+
+def test_exit_status_arrives_when_the_device_closes_first(ours):
+    """adb sends shell v2's close-stdin while `exit 42` may already have
+    ended on the device: the exit packet the device sent before its close
+    must still reach adb (a race: many at once make it likely)."""
+    def run(_: int) -> list[int]:
+        return [ours("shell", "exit 42").rc for _ in range(30)]
+
+    with ThreadPoolExecutor(6) as pool:
+        codes = [rc for batch in pool.map(run, range(6)) for rc in batch]
+    assert codes == [42] * len(codes), f"{len(codes) - codes.count(42)} of {len(codes)} lost"
 
 
 def test_push_pull_16_mib(ours, tmp_path):

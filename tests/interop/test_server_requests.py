@@ -199,7 +199,8 @@ def test_server_status_says_what_this_server_is(server):
     status = AdbServerStatus.FromString(_okay_payload(_request(server.port, b"host:server-status")))
     enums = AdbServerStatus.DESCRIPTOR.enum_types_by_name
     assert enums["UsbBackend"].values_by_number[status.usb_backend].name == "USB_DISABLED"
-    assert enums["MdnsBackend"].values_by_number[status.mdns_backend].name == "MDNS_DISABLED"
+    # Browsing (no ADB_MDNS=0) with mdns-sd, a backend adb has no name for.
+    assert enums["MdnsBackend"].values_by_number[status.mdns_backend].name == "UNKNOWN_MDNS"
     assert not status.usb_backend_forced and not status.mdns_backend_forced
     assert Path(status.executable_absolute_path) == resolve_oxadb().resolve()
     # Its stderr is the test's log file.
@@ -210,9 +211,10 @@ def test_server_status_says_what_this_server_is(server):
                              timeout=30).stdout.decode().split()[-1]
     assert status.version == version and status.build == f"oxadb-{version}"
     assert status.HasField("burst_mode") and status.burst_mode
-    assert status.HasField("mdns_enabled") and not status.mdns_enabled
+    assert status.HasField("mdns_enabled") and status.mdns_enabled
     assert status.keystore_path == str(server.home / ".android" / "adbkey")
-    assert not status.HasField("trace_level") and not status.HasField("known_hosts_path")
+    assert status.known_hosts_path == str(server.home / ".android" / "adb_known_hosts.pb")
+    assert not status.HasField("trace_level")
 
 
 # --- against Google's adb 34 server --------------------------------------------

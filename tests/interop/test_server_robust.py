@@ -9,6 +9,9 @@ test_server.py:
     device connection;
   * the device killed mid-push: that client gets adb's error instead of
     hanging, and the server keeps serving another device;
+  * the device SIGKILLed while a push's bytes arrive: adb prints the same
+    error and exits as through Google's adb 29 server, and another device
+    pushes through the same server during and after;
   * malformed smart-socket requests (AOSP docs/dev/services.md: 4 hex
     digits of length, then the request) get `FAIL` or a close, and a client
     that stalls mid-request blocks nobody.
@@ -16,15 +19,18 @@ test_server.py:
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from harness import Daemon, sha256_file, write_random
+from harness import AdbResult, Daemon, sha256_file, write_random
 # test_server's `server` and `ours` fixtures, used as they are; `ours`
 # connects to this module's own `device` (no debug log) below.
 from test_server import Client, _request, ours, server  # noqa: F401
@@ -162,11 +168,102 @@ def test_a_killed_device_fails_its_client(ours, device, fresh_daemon, server, so
     ours("disconnect", doomed.serial)
 
 
+@pytest.fixture(scope="module")
+def big_source(tmp_path_factory) -> Path:
+    """1 GiB of random data: a push still under way when its first MiBs land."""
+    path = tmp_path_factory.mktemp("big") / "big.bin"
+    write_random(path, 1 << 30)
+    return path
+
+
+RATE = re.compile(r"\d+\.\d+ MB/s \(\d+ bytes in \d+\.\d+s\)")
+
+
+def _landed(directory: Path) -> int:
+    """Bytes in `directory` (oxadbd writes a push to a hidden temporary file)."""
+    return sum(entry.stat().st_size for entry in os.scandir(directory))
+
+
+def _push_and_kill(client: Client, doomed: Daemon, source: Path, destination: Path,
+                   alongside=None) -> tuple[int, str, str]:
+    """`adb push` to `doomed`, SIGKILLed once 4 MiB have landed; adb's exit
+    status, stdout and stderr with the rate and the destination made
+    constant. `alongside` runs while the push does, across the kill."""
+    destination.mkdir()
+    pusher = client.popen("-s", doomed.serial, "push", str(source), str(destination / "big.bin"))
+    try:
+        deadline = time.monotonic() + 30
+        while _landed(destination) < 4 << 20:
+            assert pusher.poll() is None, ("the push ended before 4 MiB landed",
+                                           pusher.communicate())
+            assert time.monotonic() < deadline, "4 MiB did not land within 30 s"
+            time.sleep(0.002)
+        worker = threading.Thread(target=alongside) if alongside else None
+        if worker:
+            worker.start()
+        doomed.proc.send_signal(signal.SIGKILL)
+        doomed.proc.wait(timeout=10)
+        # Killed while the push was under way, not after it was done.
+        assert _landed(destination) < source.stat().st_size
+        out, err = pusher.communicate(timeout=CLIENT_TIMEOUT)
+        if worker:
+            worker.join(timeout=CLIENT_TIMEOUT)
+            assert not worker.is_alive()
+    finally:
+        if pusher.poll() is None:
+            pusher.kill()
+            pusher.wait()
+    text = lambda b: RATE.sub("RATE", b.decode("utf-8", "replace")).replace(
+        str(destination), "$DST")
+    return pusher.returncode, text(out), text(err)
+
+
+def test_a_device_killed_mid_push_fails_adb_as_googles_server_does(
+        ours, server, device, adb_server, fresh_daemon, big_source, sources, tmp_path):
+    # Google's adb 29 server, its own doomed daemon: what adb should say.
+    google = Client(adb_server.adb, adb_server.port, adb_server.home)
+    doomed = fresh_daemon("doomed-google", rust_log=None)
+    adb_server.connect(doomed.serial)
+    theirs = _push_and_kill(google, doomed, big_source, tmp_path / "google")
+    google("disconnect", doomed.serial)
+
+    doomed = fresh_daemon("doomed-ours", rust_log=None)
+    r = ours("connect", doomed.serial)
+    assert r.out.strip() == f"connected to {doomed.serial}", r
+    during: list[AdbResult] = []
+
+    def push_to_the_other_device():
+        during.append(ours("-s", device.serial, "push", str(sources[2][0]),
+                           str(tmp_path / "during.bin"), timeout=CLIENT_TIMEOUT))
+
+    mine = _push_and_kill(ours, doomed, big_source, tmp_path / "ours",
+                          alongside=push_to_the_other_device)
+    assert mine[0] != 0 and "adb: error: failed to copy" in mine[1], mine
+    assert mine == theirs, (mine, theirs)
+    assert server.proc.poll() is None, server.log()
+    # The other device pushed through the same server across the kill...
+    assert len(during) == 1 and during[0].rc == 0, during
+    assert sha256_file(tmp_path / "during.bin") == sources[2][1]
+    # ...and still does after it.
+    _wait_until(lambda: _state_of(ours, doomed.serial) in (None, "offline"), 15,
+                f"{doomed.serial} offline or gone")
+    r = ours("-s", device.serial, "push", str(sources[3][0]), str(tmp_path / "after.bin"),
+             timeout=CLIENT_TIMEOUT)
+    assert r.rc == 0, r
+    assert sha256_file(tmp_path / "after.bin") == sources[3][1]
+    ours("disconnect", doomed.serial)
+
+
 def _raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
     """Sends `data` as is, then reads until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            # The server answered and closed with the rest of `data` unread:
+            # the reset can come before this shutdown.
+            return b""
         out = b""
         while True:
             try:

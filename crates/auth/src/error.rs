@@ -29,6 +29,9 @@ pub enum KeyError {
     /// The RSA signing operation failed.
     #[error("{origin}: cannot sign the AUTH token: {reason}")]
     Sign { origin: String, reason: String },
+    /// `adb_known_hosts.pb` is not the protobuf adb writes.
+    #[error("{}: not an adb known-hosts file: {reason}", path.display())]
+    KnownHosts { path: PathBuf, reason: String },
     /// Neither `$HOME` nor the password database gives a home directory.
     #[error("cannot find the home directory for ~/.android: $HOME is unset and uid {uid} has no password entry")]
     NoHomeDir { uid: u32 },

@@ -8,6 +8,7 @@
 //! - [`HostKeys`]: the keys a host offers a device: `adbkey` (generated when
 //!   missing) then the keys named by `ADB_VENDOR_KEYS`.
 //! - [`AuthorizedKeys`]: an `adb_keys` file as a daemon reads it.
+//! - [`KnownHosts`]: `adb_known_hosts.pb`, the devices this host paired with.
 //!
 //! All RSA, padding, PEM and DER work is done by the `rsa`, `pkcs8`/`pkcs1`
 //! and `sha1` crates; this crate only lays out adb's public key struct.
@@ -15,6 +16,7 @@
 mod authorized;
 mod error;
 mod host;
+mod known_hosts;
 mod private_key;
 mod public_key;
 
@@ -24,6 +26,7 @@ pub use host::{
     android_dir_from_home, default_android_dir, default_comment, HostKeys, ADB_VENDOR_KEYS,
     ADB_VENDOR_KEY_SUFFIX, PRIVATE_KEY_FILE, PUBLIC_KEY_FILE,
 };
+pub use known_hosts::{KnownHosts, KNOWN_HOSTS_FILE};
 pub use private_key::PrivateKey;
 pub use public_key::{PublicKey, ANDROID_PUBKEY_ENCODED_SIZE, MODULUS_BITS, TOKEN_SIZE};
 

@@ -87,8 +87,10 @@ pub struct EmulatedArgs {
     /// one a new namespace gets, the host's].
     #[arg(long)]
     pub(crate) congestion_control: Option<String>,
-    /// Transfers, comma-separated: iperf3, adb, oxadb-classic, oxadb-aosp,
-    /// oxadb-adaptive.
+    /// Transfers, comma-separated: iperf3, adb (Google's adb 29 CLI and
+    /// server), adb34-burst (Google's adb 34 CLI and server with burst mode
+    /// on, --adb34), adb-oxadb-server (Google's adb 29 CLI through `oxadb
+    /// server`), oxadb-classic, oxadb-aosp, oxadb-adaptive.
     #[arg(
         long,
         value_delimiter = ',',
@@ -119,6 +121,9 @@ pub struct EmulatedArgs {
     /// Google's adb (Debian's adb 29 by default).
     #[arg(long, default_value = "adb")]
     pub(crate) adb: PathBuf,
+    /// Google's adb 34 for adb34-burst (scripts/install-adb34.sh puts it here).
+    #[arg(long, default_value = "target/peers/adb-34/adb")]
+    pub(crate) adb34: PathBuf,
     #[arg(long, default_value = "iperf3")]
     pub(crate) iperf3: PathBuf,
     /// A tmpfs directory for the data (the pull destination must be tmpfs).
@@ -158,20 +163,35 @@ pub(crate) fn stop_and_wait_mb_s(push: bool, rtt: Duration, rate: f64) -> f64 {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Client {
     Iperf3,
-    Adb,
+    Adb(AdbVia),
     Oxadb(&'static str),
+}
+
+/// Google's adb CLI and the server it talks to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AdbVia {
+    /// adb 29 and its own server (classic: it predates burst mode).
+    Google29,
+    /// adb 34 and its own server with burst mode asked for (adb 34 reads
+    /// `ADB_DELAYED_ACK`, later releases `ADB_BURST_MODE`).
+    Google34Burst,
+    /// adb 29's CLI through `oxadb server`, which holds the device with
+    /// oxadb's defaults (burst mode, adaptive credit).
+    OxadbServer,
 }
 
 impl Client {
     fn parse(text: &str) -> Result<Client> {
         Ok(match text {
             "iperf3" => Client::Iperf3,
-            "adb" => Client::Adb,
+            "adb" => Client::Adb(AdbVia::Google29),
+            "adb34-burst" => Client::Adb(AdbVia::Google34Burst),
+            "adb-oxadb-server" => Client::Adb(AdbVia::OxadbServer),
             "oxadb-classic" => Client::Oxadb("classic"),
             "oxadb-aosp" => Client::Oxadb("aosp"),
             "oxadb-adaptive" => Client::Oxadb("adaptive"),
             _ => bail!(
-                "unknown transfer {text:?}: expected iperf3, adb, oxadb-classic, oxadb-aosp or oxadb-adaptive"
+                "unknown transfer {text:?}: expected iperf3, adb, adb34-burst, adb-oxadb-server, oxadb-classic, oxadb-aosp or oxadb-adaptive"
             ),
         })
     }
@@ -180,7 +200,14 @@ impl Client {
     fn labels(self) -> [String; 2] {
         match self {
             Client::Iperf3 => ["iperf3 a→b".into(), "iperf3 b→a (-R)".into()],
-            Client::Adb => ["adb 29 push".into(), "adb 29 pull".into()],
+            Client::Adb(AdbVia::Google29) => ["adb 29 push".into(), "adb 29 pull".into()],
+            Client::Adb(AdbVia::Google34Burst) => {
+                ["adb 34 burst push".into(), "adb 34 burst pull".into()]
+            }
+            Client::Adb(AdbVia::OxadbServer) => [
+                "adb 29 via oxadb server push".into(),
+                "adb 29 via oxadb server pull".into(),
+            ],
             Client::Oxadb(credit) => [
                 format!("oxadb {credit} push"),
                 format!("oxadb {credit} pull"),
@@ -613,7 +640,7 @@ impl Bench<'_> {
 
     /// Google adb with a private server inside namespace a: connect, push,
     /// pull, kill-server, and whatever is left of the server is killed.
-    fn adb_session(&mut self) -> Result<[Measured; 2]> {
+    fn adb_session(&mut self, via: AdbVia) -> Result<[Measured; 2]> {
         self.adb_sessions += 1;
         let home = self.dir.join(format!("adb-home-{}", self.adb_sessions));
         let tmp = self.dir.join(format!("adb-tmp-{}", self.adb_sessions));
@@ -621,8 +648,17 @@ impl Bench<'_> {
         std::fs::create_dir_all(&tmp)?;
         // Namespace a is empty: any port is free there.
         let port = crate::free_port()?;
+        let program = match via {
+            AdbVia::Google34Burst => &self.args.adb34,
+            AdbVia::Google29 | AdbVia::OxadbServer => &self.args.adb,
+        };
         let adb = |args: &[&str]| {
-            let mut command = self.emu.command(Side::A, &self.args.adb);
+            let mut command = self.emu.command(Side::A, program);
+            if via == AdbVia::Google34Burst {
+                command
+                    .env("ADB_DELAYED_ACK", "1")
+                    .env("ADB_BURST_MODE", "1");
+            }
             command
                 .env("HOME", &home)
                 .env("TMPDIR", &tmp)
@@ -636,6 +672,27 @@ impl Bench<'_> {
             command
         };
         let short = Duration::from_secs(20);
+        // Ours answers on the port before adb looks, so adb starts none.
+        let _oxadb_server = match via {
+            AdbVia::OxadbServer => Some(Background::spawn_listening(
+                self.emu
+                    .command(Side::A, &self.oxadb)
+                    .env("HOME", self.dir.join("oxadb-home"))
+                    .args(["server", "-P", &port.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(File::create(self.dir.join("oxadb-server.log"))?),
+                port,
+                short,
+                "oxadb server",
+            )?),
+            _ => None,
+        };
+        let label = match via {
+            AdbVia::Google29 => "adb 29",
+            AdbVia::Google34Burst => "adb 34 burst",
+            AdbVia::OxadbServer => "adb 29 via oxadb server",
+        };
         let result = (|| -> Result<[Measured; 2]> {
             let (_, text) =
                 self.run_bounded(&mut adb(&["connect", &self.serial]), short, "adb connect")?;
@@ -651,13 +708,13 @@ impl Bench<'_> {
             let push = self.transfer(
                 &mut adb(&["-s", &self.serial, "push", source, null_node]),
                 Target::Node,
-                "adb 29 push",
+                &format!("{label} push"),
             )?;
             let pull = self.transfer(
                 // Never into the node: adb replaces what it pulls into.
                 &mut adb(&["-s", &self.serial, "pull", source, pulled]),
                 Target::File,
-                "adb 29 pull",
+                &format!("{label} pull"),
             )?;
             Ok([push, pull])
         })();
@@ -763,6 +820,7 @@ pub(crate) fn emulated(args: EmulatedArgs) -> Result<EmulatedResults> {
     let clients: Vec<Client> = args
         .clients
         .iter()
+        .filter(|c| !c.is_empty())
         .map(|c| Client::parse(c))
         .collect::<Result<_>>()?;
     let small_clients: Vec<Client> = args
@@ -785,7 +843,10 @@ pub(crate) fn emulated(args: EmulatedArgs) -> Result<EmulatedResults> {
             // adb's server outlives its client; in namespaces that are not
             // ours it could not be told from processes we must not end.
             ensure!(
-                !uses(Client::Adb),
+                !clients
+                    .iter()
+                    .chain(&small_clients)
+                    .any(|c| matches!(c, Client::Adb(_))),
                 "--namespaces: adb's server cannot be cleaned up in namespaces this program did not make; leave adb out of --clients"
             );
             vec![Link::External]
@@ -804,11 +865,17 @@ pub(crate) fn emulated(args: EmulatedArgs) -> Result<EmulatedResults> {
     } else {
         String::new()
     };
-    let adb_version = if uses(Client::Adb) {
-        check_tool(&args.adb, "version", "apt-get install adb")?
-    } else {
-        String::new()
-    };
+    let mut adb_version = String::new();
+    if uses(Client::Adb(AdbVia::Google29)) || uses(Client::Adb(AdbVia::OxadbServer)) {
+        adb_version += &check_tool(&args.adb, "version", "apt-get install adb")?;
+    }
+    if uses(Client::Adb(AdbVia::Google34Burst)) {
+        adb_version += &check_tool(
+            &args.adb34,
+            "version",
+            "scripts/install-adb34.sh target/peers/adb-34",
+        )?;
+    }
     let absolute = |path: &Path| {
         std::fs::canonicalize(path)
             .with_context(|| format!("{} (build with cargo build --release)", path.display()))
@@ -1079,10 +1146,16 @@ fn run_rtt(
                 let [push_label, pull_label] = client.labels();
                 let measured: [Measured; 2] = match client {
                     Client::Iperf3 => [bench.iperf3(false)?, bench.iperf3(true)?],
-                    Client::Adb => {
-                        // adb 29 has no burst mode: classic whatever the daemon offers.
-                        let _daemon = bench.start_daemon("classic")?;
-                        bench.adb_session()?
+                    Client::Adb(via) => {
+                        // adb 29 has no burst mode: classic whatever the daemon
+                        // offers. With burst mode each end grants its own
+                        // credit: the daemon its default.
+                        let credit = match via {
+                            AdbVia::Google29 => "classic",
+                            AdbVia::Google34Burst | AdbVia::OxadbServer => "adaptive",
+                        };
+                        let _daemon = bench.start_daemon(credit)?;
+                        bench.adb_session(via)?
                     }
                     Client::Oxadb(credit) => {
                         let _daemon = bench.start_daemon(credit)?;

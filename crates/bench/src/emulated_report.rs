@@ -28,7 +28,12 @@ pub(crate) fn print(args: &EmulatedArgs, oxadb: &Path, oxadbd: &Path, runs: &[Li
     println!("Machine: {}", crate::machine_description());
     let texts = &runs[0].texts;
     let mut tools = Vec::new();
-    if let Some(line) = texts.adb_version.lines().nth(1) {
+    // One `adb version` text per Google adb used (29, 34).
+    for line in texts
+        .adb_version
+        .lines()
+        .filter(|l| l.trim().starts_with("Version "))
+    {
         tools.push(format!(
             "Google adb {}",
             line.trim().trim_start_matches("Version ")

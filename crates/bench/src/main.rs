@@ -19,6 +19,7 @@ mod emulator;
 mod forward_loopback;
 mod memory;
 mod receive_paths;
+mod shell_latency;
 mod simulate;
 mod stream;
 
@@ -101,6 +102,9 @@ enum Bench {
     /// `oxadb reverse` against oxadbd on loopback, both directions, with
     /// the ratio reverse / forward from the same run.
     ForwardLoopback(forward_loopback::ForwardLoopbackArgs),
+    /// `shell true` start to exit through Google's adb server, through
+    /// `oxadb server` and with `oxadb` alone, against oxadbd on loopback.
+    ShellLatency(shell_latency::ShellLatencyArgs),
 }
 
 #[derive(Parser)]
@@ -123,7 +127,9 @@ struct AdbLoopback {
     /// The oxadb client.
     #[arg(long, default_value = "target/release/oxadb")]
     oxadb: PathBuf,
-    /// Clients to measure, comma-separated: adb, oxadb (burst mode with the
+    /// Clients to measure, comma-separated: adb (Google's CLI and server),
+    /// adb-oxadb-server (Google's CLI through `oxadb server`, which holds
+    /// the device with oxadb's defaults), oxadb (burst mode with the
     /// adaptive window), oxadb-aosp (burst mode with AOSP's fixed 32 MiB
     /// credit), oxadb-classic. The host pushes by sendfile by default; an
     /// oxadb client with `-copy` appended (`oxadb-copy`) pushes by reading
@@ -184,6 +190,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Bench::ForwardLoopback(args) => forward_loopback::forward_loopback(args),
+        Bench::ShellLatency(args) => shell_latency::shell_latency(args),
     }
 }
 
@@ -196,6 +203,8 @@ struct Session {
     adb: PathBuf,
     adb_port: u16,
     serial: String,
+    /// `oxadb server` for the `adb-oxadb-server` client, and its port.
+    oxadb_server: Option<(Child, u16)>,
 }
 
 impl Session {
@@ -213,11 +222,28 @@ impl Session {
         command.arg("-s").arg(&self.serial);
         command
     }
+
+    /// Google's CLI talking to `oxadb server` about the device.
+    fn adb_through_oxadb_server(&self) -> Command {
+        let port = self.oxadb_server.as_ref().expect("oxadb server").1;
+        let mut command = Command::new(&self.adb);
+        command
+            .env("HOME", self.dir.join("home"))
+            .arg("-P")
+            .arg(port.to_string())
+            .arg("-s")
+            .arg(&self.serial);
+        command
+    }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.adb().arg("kill-server").output();
+        if let Some((server, _)) = &mut self.oxadb_server {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
         if let Some(daemon) = &mut self.zero_copy_daemon {
@@ -595,13 +621,21 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     for client in &args.clients {
         let base = client_base(client);
         ensure!(
-            ["adb", "oxadb", "oxadb-aosp", "oxadb-classic"].contains(&base)
-                && !(base == "adb" && base != client),
-            "unknown client {client:?}: expected adb, oxadb, oxadb-aosp or oxadb-classic, \
-             the oxadb ones optionally with -zc or -copy"
+            [
+                "adb",
+                "adb-oxadb-server",
+                "oxadb",
+                "oxadb-aosp",
+                "oxadb-classic"
+            ]
+            .contains(&base)
+                && !(base.starts_with("adb") && base != client),
+            "unknown client {client:?}: expected adb, adb-oxadb-server, oxadb, oxadb-aosp or \
+             oxadb-classic, the oxadb ones optionally with -zc or -copy"
         );
     }
-    let uses_adb = args.clients.iter().any(|c| c == "adb");
+    let uses_adb = args.clients.iter().any(|c| c.starts_with("adb"));
+    let uses_oxadb_server = args.clients.iter().any(|c| c == "adb-oxadb-server");
     let uses_zero_copy = args.clients.iter().any(|c| c.ends_with("-zc"));
     let adb_version = if uses_adb {
         run_checked(Command::new(&args.adb).arg("version"), "adb version")?
@@ -633,6 +667,42 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         adb: args.adb.clone(),
         adb_port: free_port()?,
         serial: format!("127.0.0.1:{port}"),
+        oxadb_server: None,
+    };
+    let oxadb_home = dir.join("oxadb-home");
+    std::fs::create_dir_all(&oxadb_home)?;
+    std::fs::create_dir_all(oxadb_home.join(".android"))?;
+    // The key first: made on first use, it would cost the first transfer
+    // about 0.35 CPU s (an RSA-2048 key).
+    run_checked(
+        Command::new(&args.oxadb)
+            .arg("keygen")
+            .arg(oxadb_home.join(".android").join("adbkey")),
+        "oxadb keygen",
+    )?;
+    let oxadb_server = if uses_oxadb_server {
+        let server_port = free_port()?;
+        let server = start_oxadb_server(&args.oxadb, &oxadb_home, server_port, &dir)?;
+        let pid = server.id();
+        session.oxadb_server = Some((server, server_port));
+        let connected = run_checked(
+            Command::new(&args.adb).env("HOME", dir.join("home")).args([
+                "-P",
+                &server_port.to_string(),
+                "connect",
+                &session.serial,
+            ]),
+            "adb connect through oxadb server",
+        )?;
+        ensure!(connected.contains("connected"), "adb connect: {connected}");
+        let state = run_checked(
+            session.adb_through_oxadb_server().arg("get-state"),
+            "adb get-state through oxadb server",
+        )?;
+        ensure!(state.trim() == "device", "device state is {state:?}");
+        Some(pid)
+    } else {
+        None
     };
     let zero_copy_serial = if uses_zero_copy {
         let port = free_port()?;
@@ -644,7 +714,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     } else {
         String::new()
     };
-    let adb_server = if uses_adb {
+    let adb_server = if args.clients.iter().any(|c| c == "adb") {
         run_checked(session.adb().arg("start-server"), "adb start-server")?;
         let connected = run_checked(
             session.adb().arg("connect").arg(&session.serial),
@@ -662,7 +732,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     // each client, the raw file copy.
     let mut transfers = vec![Transfer::RawTcp, Transfer::RawFileSend];
     for client in &args.clients {
-        let kinds: &[Kind] = if client == "adb" {
+        let kinds: &[Kind] = if client.starts_with("adb") {
             &[Kind::Push, Kind::Pull]
         } else if client.ends_with("-copy") {
             // The host's copying push; its pulls are the plain client's.
@@ -685,17 +755,6 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let mut client_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let pid = session.daemon.id();
     let zero_copy_pid = session.zero_copy_daemon.as_ref().map(Child::id);
-    let oxadb_home = dir.join("oxadb-home");
-    std::fs::create_dir_all(&oxadb_home)?;
-    std::fs::create_dir_all(oxadb_home.join(".android"))?;
-    // The key first: made on first use, it would cost the first transfer
-    // about 0.35 CPU s (an RSA-2048 key).
-    run_checked(
-        Command::new(&args.oxadb)
-            .arg("keygen")
-            .arg(oxadb_home.join(".android").join("adbkey")),
-        "oxadb keygen",
-    )?;
     for run in 0..args.runs {
         // Interleave and rotate the order: the machine is noisy, and a slow
         // spell should hit every transfer, not one.
@@ -723,6 +782,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                     };
                     let mut command = if base == "adb" {
                         session.adb_device()
+                    } else if base == "adb-oxadb-server" {
+                        session.adb_through_oxadb_server()
                     } else {
                         let mut command = Command::new(&args.oxadb);
                         let serial = if zero_copy {
@@ -745,9 +806,15 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         }
                         command
                     };
-                    let server_before = match adb_server {
-                        Some(server) if base == "adb" => cpu_seconds(server)?,
-                        _ => 0.0,
+                    // The client's work includes its server's.
+                    let server = match base {
+                        "adb" => adb_server,
+                        "adb-oxadb-server" => oxadb_server,
+                        _ => None,
+                    };
+                    let server_before = match server {
+                        Some(server) => cpu_seconds(server)?,
+                        None => 0.0,
                     };
                     let _ = std::fs::remove_file(&pulled);
                     match kind {
@@ -758,7 +825,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                     let daemon_before = cpu_seconds(daemon_pid)?;
                     let (elapsed, mut cpu) = timed_child(&mut command, &names[which])?;
                     let daemon = cpu_seconds(daemon_pid)? - daemon_before;
-                    if let Some(server) = adb_server.filter(|_| base == "adb") {
+                    if let Some(server) = server {
                         cpu += cpu_seconds(server)? - server_before;
                     }
                     if *kind == Kind::Pull {
@@ -792,6 +859,11 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     }
     if session.daemon.try_wait()?.is_some() {
         bail!("oxadbd exited during the benchmark");
+    }
+    if let Some((server, _)) = &mut session.oxadb_server {
+        if server.try_wait()?.is_some() {
+            bail!("oxadb server exited during the benchmark");
+        }
     }
     if let Some(daemon) = &mut session.zero_copy_daemon {
         if daemon.try_wait()?.is_some() {
@@ -881,6 +953,30 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         );
     }
 
+    // Google's CLI through oxadb's server against oxadb alone and against
+    // Google's own server, from the same run: ratios of medians.
+    if uses_oxadb_server {
+        println!();
+        println!("| adb CLI through oxadb server / | oxadb direct | adb 29 server |");
+        println!("|---|---|---|");
+        for kind in [Kind::Push, Kind::Pull] {
+            let Some(through) = index_of("adb-oxadb-server", kind) else {
+                continue;
+            };
+            let versus = |client: &str| {
+                index_of(client, kind).map_or("-".to_string(), |other| {
+                    format!("{:.2}", medians[through] / medians[other])
+                })
+            };
+            println!(
+                "| {} | {} | {} |",
+                transfers[through].name(),
+                versus("oxadb"),
+                versus("adb")
+            );
+        }
+    }
+
     // Zero-copy against copying, from the same run: ratios of medians.
     let pairs: Vec<&String> = args
         .clients
@@ -968,4 +1064,31 @@ fn stream_loopback(size: u64, runs: usize, only: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `oxadb server -P PORT` with `home`'s key, logging to `dir`, once it
+/// answers.
+fn start_oxadb_server(oxadb: &Path, home: &Path, port: u16, dir: &Path) -> Result<Child> {
+    let log = dir.join(format!("oxadb-server-{port}.log"));
+    let mut server = Command::new(oxadb)
+        .env("HOME", home)
+        .args(["server", "-P", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {} server", oxadb.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if server.try_wait()?.is_some() || Instant::now() > deadline {
+            let _ = server.kill();
+            let _ = server.wait();
+            bail!(
+                "oxadb server did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(server)
 }

@@ -46,7 +46,7 @@ pub async fn one_stream(size: u64, burst: bool) -> Result<Duration> {
             Connection::start(reader, sink, config(Role::Device, burst), label, Auth::None);
         tokio::spawn(run);
         let incoming = connection.next_incoming().await.expect("an OPEN");
-        let mut stream = incoming.accept();
+        let stream = incoming.accept();
         let mut total = 0u64;
         while let Some(chunk) = stream.read_chunk(usize::MAX).await? {
             total += chunk.len() as u64;

@@ -34,7 +34,9 @@ impl AdbStream {
     }
 
     /// Reads the next received chunk without copying it; `None` at EOF.
-    pub async fn read_chunk(&mut self, max: usize) -> io::Result<Option<Bytes>> {
+    /// Takes `&self` so that one task can read and [`AdbStream::send`] at
+    /// once (each direction has its own waker).
+    pub async fn read_chunk(&self, max: usize) -> io::Result<Option<Bytes>> {
         std::future::poll_fn(|cx| self.poll_read_chunk(cx, max)).await
     }
 
@@ -127,6 +129,39 @@ impl WriteChunk for AdbStream {
         if append {
             return self.append_payload(data).await;
         }
+        self.queue_payload(data).await
+    }
+}
+
+/// In-memory pipes (tests) take chunks by copying them.
+impl WriteChunk for tokio::io::DuplexStream {
+    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
+        self.write_all(&data).await
+    }
+
+    async fn write_payload(&mut self, data: Payload, _append: bool) -> io::Result<()> {
+        let data = data.read_into_bytes()?;
+        self.write_all(&data).await
+    }
+}
+
+impl AdbStream {
+    /// Queues `data` as one WRTE payload without copying it, waiting while
+    /// the stream has no credit; `&self`, as [`AdbStream::read_chunk`].
+    pub async fn send(&self, data: Bytes) -> io::Result<()> {
+        self.queue_payload(Payload::from(data)).await
+    }
+
+    /// Closes the stream once what was queued has been sent (CLSE follows
+    /// the data); reads end too.
+    pub fn close(&self) {
+        let mut state = self.shared.lock();
+        state.engine.close(self.id);
+        self.shared.after_engine_call(&mut state);
+    }
+
+    /// [`WriteChunk::write_payload`] without `append`: the payload whole.
+    async fn queue_payload(&self, data: Payload) -> io::Result<()> {
         let mut data = Some(data);
         std::future::poll_fn(|cx| {
             let mut state = self.shared.lock();
@@ -153,21 +188,7 @@ impl WriteChunk for AdbStream {
         })
         .await
     }
-}
 
-/// In-memory pipes (tests) take chunks by copying them.
-impl WriteChunk for tokio::io::DuplexStream {
-    async fn write_chunk(&mut self, data: Bytes) -> io::Result<()> {
-        self.write_all(&data).await
-    }
-
-    async fn write_payload(&mut self, data: Payload, _append: bool) -> io::Result<()> {
-        let data = data.read_into_bytes()?;
-        self.write_all(&data).await
-    }
-}
-
-impl AdbStream {
     /// [`WriteChunk::write_payload`] with `append`: the payload goes in as
     /// `write_all` would put its bytes, a send buffer's room at a time.
     async fn append_payload(&mut self, mut data: Payload) -> io::Result<()> {
@@ -254,9 +275,7 @@ impl AsyncWrite for AdbStream {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut state = self.shared.lock();
-        state.engine.close(self.id);
-        self.shared.after_engine_call(&mut state);
+        self.close();
         Poll::Ready(Ok(()))
     }
 }

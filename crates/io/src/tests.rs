@@ -163,7 +163,7 @@ async fn whole_chunks_flow_under_credit() {
             stream.write_all(b"end").await.unwrap();
         });
         let connection = host(addr, delayed_ack).await;
-        let mut stream = connection.open("source:").await.unwrap();
+        let stream = connection.open("source:").await.unwrap();
         let mut total = 0usize;
         while let Some(chunk) = tokio::time::timeout(
             std::time::Duration::from_secs(5),

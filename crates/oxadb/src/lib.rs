@@ -18,6 +18,7 @@
 pub mod device;
 pub mod error;
 mod first_bytes;
+pub mod pair;
 pub mod relay;
 pub mod reverse;
 pub mod server;

@@ -247,10 +247,16 @@ fn main() -> ExitCode {
     // One async thread: a command drives one connection and file I/O runs on
     // blocking threads, so more workers only add hand-offs between threads
     // (docs/benchmarks.md has the measurements).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // A server is another matter: its clients and devices move bytes at
+    // the same time, so it gets a worker per core.
+    let mut builder = if matches!(args.command, Command::Server(_)) && server_threads() > 1 {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(server_threads());
+        builder
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("oxadb: error: starting the async runtime: {error}");
@@ -460,4 +466,11 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     };
     device.close();
     Ok(code)
+}
+
+fn server_threads() -> usize {
+    std::env::var("OXADB_SERVER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

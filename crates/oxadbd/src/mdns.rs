@@ -32,14 +32,10 @@ use thiserror::Error;
 
 use crate::services::props::Properties;
 
-/// The plain TCP service (AOSP `ADB_SERVICE_TCP`).
-pub const SERVICE_TCP: &str = "_adb._tcp.local.";
-/// The TLS connect service (`ADB_SERVICE_TLS`).
-pub const SERVICE_TLS_CONNECT: &str = "_adb-tls-connect._tcp.local.";
-/// The pairing service (`ADB_SERVICE_PAIR`).
-pub const SERVICE_TLS_PAIRING: &str = "_adb-tls-pairing._tcp.local.";
-/// The `v` TXT record: `ADB_SECURE_SERVICE_VERSION` in `adb_mdns.h`.
-pub const SERVICE_VERSION: &str = "1";
+// The names hosts browse for too (the server's discovery).
+pub use oxadb_wire::mdns::{
+    SERVICE_TCP, SERVICE_TLS_CONNECT, SERVICE_TLS_PAIRING, SERVICE_VERSION,
+};
 /// Where the instance name is kept, in the state directory.
 pub const INSTANCE_FILE: &str = "mdns-instance";
 

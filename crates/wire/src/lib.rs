@@ -7,8 +7,10 @@
 
 pub mod banner;
 pub mod compression;
+pub mod mdns;
 pub mod packet;
 pub mod payload;
+pub mod protobuf;
 pub mod service;
 pub mod shell;
 pub mod smart_socket;

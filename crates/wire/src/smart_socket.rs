@@ -7,6 +7,8 @@
 //! `adb_io.cpp` SendProtocolString and SendFail, `docs/dev/protocol.md`.
 //! No I/O: bytes in, values out, and back.
 
+use std::fmt::Write as _;
+
 /// The longest request a server takes (AOSP `adb.h` MAX_PAYLOAD, which
 /// `sockets.cpp` checks a request's length against).
 pub const MAX_REQUEST: usize = 1024 * 1024;
@@ -90,17 +92,21 @@ pub fn message(text: &str) -> Vec<u8> {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    message_bytes(&text.as_bytes()[..end])
+    let mut out = String::with_capacity(4 + end);
+    let _ = write!(out, "{end:04x}");
+    out.push_str(&text[..end]);
+    out.into_bytes()
 }
 
-/// [`message`] for bytes that need not be text (a serialized protobuf:
-/// `host:track-devices-proto-binary`, `host:server-status`), cut at
-/// [`MAX_MESSAGE`] bytes.
-pub fn message_bytes(bytes: &[u8]) -> Vec<u8> {
-    let bytes = &bytes[..bytes.len().min(MAX_MESSAGE)];
+/// A length-prefixed binary message (a protobuf, which cannot be cut):
+/// `None` when longer than [`MAX_MESSAGE`].
+pub fn binary_message(bytes: &[u8]) -> Option<Vec<u8>> {
+    if bytes.len() > MAX_MESSAGE {
+        return None;
+    }
     let mut out = format!("{:04x}", bytes.len()).into_bytes();
     out.extend_from_slice(bytes);
-    out
+    Some(out)
 }
 
 /// `OKAY` followed by a message (`host:version`, `host:devices`, ...).

@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use oxadb_wire::service::{DeviceListFormat, DeviceSelector, HostService, WaitState};
 use oxadb_wire::smart_socket::{
-    self, fail, message, message_bytes, okay_message, RequestError, OKAY,
+    self, binary_message, fail, message, okay_message, RequestError, OKAY,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::host::{self, Action, WaitOutcome};
+use super::host::{self, Action, MdnsQuery, WaitOutcome};
 use super::registry::TransportId;
 use super::Shared;
+use super::{mdns, pair};
 
 /// Serves `socket` until its requests are done (or it relays a device
 /// stream until either side ends).
@@ -54,9 +55,34 @@ where
             }
             Action::Connect(address) => {
                 socket.write_all(OKAY).await?;
-                let answer = shared.registry.connect(&address).await;
+                // A service name seen over mDNS first, as adb's
+                // socket_spec_connect does.
+                let answer = match shared.mdns.find(&address, None) {
+                    Some(found) if found.v4.is_some() => {
+                        let dial = found.v4_address().unwrap_or_default();
+                        shared.registry.connect_at(found.name(), dial).await
+                    }
+                    _ => shared.registry.connect(&address).await,
+                };
                 return socket.write_all(&message(&answer)).await;
             }
+            Action::Pair { code, address } => {
+                socket.write_all(OKAY).await?;
+                let reply = match pair::pair(&shared.mdns, &shared.registry, &code, &address).await
+                {
+                    Ok(answer) => message(&answer),
+                    Err(error) => fail(&error),
+                };
+                return socket.write_all(&reply).await;
+            }
+            Action::Mdns(MdnsQuery::Check) => {
+                return socket.write_all(&okay_message(&shared.mdns.check())).await
+            }
+            Action::Mdns(MdnsQuery::Services) => {
+                let text = mdns::services_text(&shared.mdns.services());
+                return socket.write_all(&okay_message(&text)).await;
+            }
+            Action::Mdns(MdnsQuery::Track) => return track_mdns(shared, socket).await,
             Action::Disconnect(address) => {
                 let reply = match shared.registry.disconnect(&address) {
                     Ok(answer) => okay_message(&answer),
@@ -73,8 +99,10 @@ where
                 return socket.write_all(&okay_message(&answer)).await;
             }
             Action::ServerStatus => {
+                // A few hundred bytes: it always fits a message.
+                let reply = binary_message(&shared.status).unwrap_or_default();
                 socket.write_all(OKAY).await?;
-                return socket.write_all(&message_bytes(&shared.status)).await;
+                return socket.write_all(&reply).await;
             }
             Action::Track(format) => return track(shared, socket, format).await,
             Action::WaitFor { selector, state } => {
@@ -170,8 +198,38 @@ where
         let _ = changes.borrow_and_update();
         let list = host::tracked_list(&shared.registry.list(), format);
         if sent.as_ref() != Some(&list) {
-            socket.write_all(&message_bytes(&list)).await?;
+            match binary_message(&list) {
+                Some(framed) => socket.write_all(&framed).await?,
+                None => tracing::warn!(bytes = list.len(), "device list too long to send"),
+            }
             sent = Some(list);
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return Ok(()) },
+            _ = socket.read(&mut scratch) => return Ok(()),
+        }
+    }
+}
+
+/// `track-mdns-services`: `OKAY`, then the services seen as an
+/// `MdnsServices` protobuf in a length-prefixed message, now and at every
+/// change, until the client closes or sends anything (AOSP
+/// `client/mdns_tracker.cpp`).
+async fn track_mdns<S>(shared: &Arc<Shared>, socket: &mut S) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut changes = shared.mdns.changes();
+    let known = oxadb_auth::KnownHosts::load_default().ok();
+    let is_known = |instance: &str| known.as_ref().is_some_and(|k| k.is_known(instance));
+    socket.write_all(OKAY).await?;
+    let mut scratch = [0u8; 64];
+    loop {
+        let _ = changes.borrow_and_update();
+        let proto = mdns::services_proto(&shared.mdns.services(), &is_known);
+        match binary_message(&proto) {
+            Some(framed) => socket.write_all(&framed).await?,
+            None => tracing::warn!(bytes = proto.len(), "mDNS services too many to send"),
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return Ok(()) },

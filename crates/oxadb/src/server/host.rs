@@ -71,11 +71,6 @@ pub fn unauthorized() -> String {
     )
 }
 
-/// A request that parses but that this server does not serve.
-pub fn not_served(request: &HostRequest) -> String {
-    format!("host:{request} is not served by oxadb's adb server")
-}
-
 /// Whether a request is for the server itself (a host prefix) rather than
 /// a device service to pass on (AOSP `sockets.cpp` smart_socket_enqueue).
 pub fn is_host_service(text: &str) -> bool {
@@ -142,6 +137,23 @@ pub enum Action {
     },
     /// `OKAY`, then the server stops.
     Kill,
+    /// What the mDNS discovery answers (`server/mdns.rs`).
+    Mdns(MdnsQuery),
+    /// `OKAY`, then pairing, then adb's answer: a message on success,
+    /// `FAIL` and the reason otherwise (AOSP `services.cpp` pair_service).
+    Pair { code: String, address: String },
+}
+
+/// A request about what mDNS discovery sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MdnsQuery {
+    /// `mdns:check`: whether discovery runs.
+    Check,
+    /// `mdns:services`: the services seen.
+    Services,
+    /// `track-mdns-services`: `OKAY`, then the services as protobuf now
+    /// and at every change.
+    Track,
 }
 
 /// Why no single transport was chosen.
@@ -478,9 +490,13 @@ pub fn dispatch(
         },
         // A new emulator announcing itself gets no answer.
         Emulator(_) => Action::Reply(Vec::new()),
-        request @ (Pair { .. } | MdnsCheck | MdnsServices | TrackMdnsServices) => {
-            Action::Reply(fail(&not_served(request)))
-        }
+        MdnsCheck => Action::Mdns(MdnsQuery::Check),
+        MdnsServices => Action::Mdns(MdnsQuery::Services),
+        TrackMdnsServices => Action::Mdns(MdnsQuery::Track),
+        Pair { code, address } => Action::Pair {
+            code: code.clone(),
+            address: address.clone(),
+        },
     }
 }
 
@@ -780,13 +796,22 @@ mod tests {
     }
 
     #[test]
-    fn unserved_requests_fail_with_a_reason() {
-        let text = reply("host:mdns:services", None, &[]);
-        assert!(
-            text.starts_with("FAIL") && text.contains("not served"),
-            "{text}"
+    fn pairing_mdns_and_emulator_requests_go_to_their_services() {
+        assert_eq!(
+            run("host:pair:123456:a:1", None, &[]),
+            Action::Pair {
+                code: "123456".into(),
+                address: "a:1".into()
+            }
         );
-        assert!(reply("host:pair:123456:a:1", None, &[]).starts_with("FAIL"));
+        assert_eq!(
+            run("host:mdns:services", None, &[]),
+            Action::Mdns(MdnsQuery::Services)
+        );
+        assert_eq!(
+            run("host:track-mdns-services", None, &[]),
+            Action::Mdns(MdnsQuery::Track)
+        );
         assert_eq!(reply("host:emulator:5554", None, &[]), "");
     }
 

@@ -19,6 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use super::forward::Forwards;
+use super::mdns::Discovery;
 use super::registry::Registry;
 use super::socket_spec::ListenHost;
 use super::Shared;
@@ -79,15 +80,17 @@ pub struct Server {
 impl Server {
     pub async fn bind(config: ServerConfig) -> Result<Server, BindError> {
         let listener = listen(config.host, config.all_interfaces, config.port)?;
-        let status = super::status::server_status(&config.connect).encode_to_vec();
-        let registry = Registry::new(config.connect);
+        let registry = Registry::new(config.connect.clone());
         let forwards = Forwards::new(registry.clone());
+        let mdns = Discovery::start(registry.clone());
+        let status = super::status::server_status(&config.connect, mdns.is_on()).encode_to_vec();
         Ok(Server {
             listener,
             access: config.access,
             shared: Arc::new(Shared {
                 registry,
                 forwards,
+                mdns,
                 stop: tokio::sync::Notify::new(),
                 status,
             }),

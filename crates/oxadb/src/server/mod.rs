@@ -7,6 +7,8 @@
 //! - [`host`]: what each host request answers (no I/O);
 //! - [`registry`]: the transports, their ids and states, reconnection;
 //! - [`forward`]: `adb forward`'s listeners;
+//! - [`mdns`]: mDNS discovery and auto-connection of paired devices;
+//! - [`pair`]: pairing (`host:pair:`);
 //! - [`proto`]: adb's protobuf messages (proto device lists, status);
 //! - [`status`]: what `host:server-status` says of this server;
 //! - [`socket_spec`]: the server's own socket as `-L` names it.
@@ -17,6 +19,8 @@ pub mod client;
 pub mod forward;
 pub mod host;
 pub mod listener;
+pub mod mdns;
+pub mod pair;
 pub mod proto;
 pub mod registry;
 pub mod socket_spec;
@@ -36,6 +40,7 @@ pub use socket_spec::{ListenHost, ListenSpec};
 pub struct Shared {
     pub registry: Arc<Registry>,
     pub forwards: Arc<forward::Forwards>,
+    pub mdns: Arc<mdns::Discovery>,
     /// Notified by `host:kill`.
     pub stop: Notify,
     /// `host:server-status`'s answer, serialized.

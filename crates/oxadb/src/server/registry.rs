@@ -193,8 +193,7 @@ impl Registry {
         if address.is_empty() {
             return "empty address".to_string();
         }
-        let is_vsock = address.starts_with("vsock:");
-        let serial = if is_vsock {
+        let serial = if address.starts_with("vsock:") {
             match vsock_serial(address) {
                 Ok(serial) => serial,
                 Err(answer) => return answer,
@@ -202,6 +201,17 @@ impl Registry {
         } else {
             target::with_default_port(address)
         };
+        self.connect_at(serial.clone(), serial).await
+    }
+
+    /// Connects the device at `dial` (`host:port` or `vsock:CID:PORT`) as
+    /// transport `serial`.
+    /// A device found over mDNS is listed under its service name
+    /// (`INSTANCE._adb-tls-connect._tcp`, AOSP `socket_spec.cpp`) and, as
+    /// in adb (`client/transport_emulator.cpp` connect_device), is not
+    /// reconnected when lost: it is removed, and connected again when it
+    /// is announced again.
+    pub async fn connect_at(self: &Arc<Self>, serial: String, dial: String) -> String {
         let (id, retry_now) = {
             let mut inner = self.lock();
             if inner.entries.iter().any(|e| e.info.serial == serial) {
@@ -219,7 +229,7 @@ impl Registry {
             (id, retry_now)
         };
         self.notify();
-        let (answer, device) = match connect_device(&serial, &self.options).await {
+        let (answer, device) = match connect_device(&dial, &self.options).await {
             Ok(device) => (format!("connected to {serial}"), Some(Arc::new(device))),
             Err(Error::Unauthorized { .. }) => {
                 self.set_state(id, State::Unauthorized);
@@ -231,10 +241,10 @@ impl Registry {
                 // adb's words differ by socket type (AOSP `socket_spec.cpp`
                 // socket_spec_connect, `sysdeps/posix/network.cpp`); a vsock
                 // socket that connected but gave no device is connect_device's.
-                if is_vsock {
+                if dial.starts_with("vsock:") {
                     return match error {
                         Error::Connect { .. } => {
-                            format!("could not connect to vsock address '{address}'")
+                            format!("could not connect to vsock address '{dial}'")
                         }
                         _ => format!("failed to connect to {serial}"),
                     };
@@ -252,7 +262,15 @@ impl Registry {
                 return format!("failed to connect to {serial}");
             }
         }
-        let monitor = tokio::spawn(monitor(self.clone(), id, serial, device, retry_now));
+        let reconnect = (serial == dial).then_some(dial);
+        let monitor = tokio::spawn(monitor(
+            self.clone(),
+            id,
+            serial,
+            reconnect,
+            device,
+            retry_now,
+        ));
         match self.lock().entries.iter_mut().find(|e| e.info.id == id) {
             Some(entry) => entry.monitor = Some(monitor.abort_handle()),
             None => monitor.abort(),
@@ -384,11 +402,12 @@ impl Registry {
 
 /// Watches transport `id` for as long as it is known: serves the streams
 /// its device opens (`adb reverse`), marks it offline when its connection
-/// ends, and connects it again.
+/// ends, and connects it again at `reconnect` (`None`: removes it).
 async fn monitor(
     registry: Arc<Registry>,
     id: TransportId,
     serial: String,
+    reconnect: Option<String>,
     mut device: Option<Arc<Device>>,
     retry_now: Arc<Notify>,
 ) {
@@ -404,6 +423,11 @@ async fn monitor(
             }
             attempts = 0;
         }
+        let Some(address) = &reconnect else {
+            tracing::info!(%serial, "not reconnected (found over mDNS); removed");
+            registry.remove(id);
+            return;
+        };
         if attempts == RECONNECT_ATTEMPTS {
             tracing::info!(%serial, attempts, "giving up reconnecting; removed");
             registry.remove(id);
@@ -417,7 +441,7 @@ async fn monitor(
         if !registry.contains(id) {
             return;
         }
-        match connect_device(&serial, &registry.options).await {
+        match connect_device(address, &registry.options).await {
             Ok(connected) => {
                 let connected = Arc::new(connected);
                 if !registry.set_online(id, connected.clone()) {

@@ -1,20 +1,27 @@
 //! `host:server-status`: what the server says of itself in adb's
 //! `AdbServerStatus` (AOSP `adb.cpp` handle_host_request), with what is
-//! true of this one: no USB and no mDNS served (docs/server.md), oxadb's
-//! version, this executable, where its log goes and the keys it offers.
+//! true of this one: no USB served, mDNS by mdns-sd unless `ADB_MDNS=0`
+//! (docs/server.md), oxadb's version, this executable, where its log goes,
+//! the keys it offers and the devices it paired with.
 
 use std::path::PathBuf;
 
 use super::proto::{AdbServerStatus, MdnsBackend, UsbBackend};
 use crate::ConnectOptions;
 
-/// The status of a server that connects devices with `connect`.
-pub fn server_status(connect: &ConnectOptions) -> AdbServerStatus {
+/// The status of a server that connects devices with `connect` and whose
+/// mDNS discovery runs or not.
+pub fn server_status(connect: &ConnectOptions, mdns_on: bool) -> AdbServerStatus {
     let version = env!("CARGO_PKG_VERSION");
     AdbServerStatus {
         usb_backend: UsbBackend::UsbDisabled as i32,
         usb_backend_forced: false,
-        mdns_backend: MdnsBackend::MdnsDisabled as i32,
+        // mdns-sd is none of the backends adb names.
+        mdns_backend: if mdns_on {
+            MdnsBackend::UnknownMdns
+        } else {
+            MdnsBackend::MdnsDisabled
+        } as i32,
         mdns_backend_forced: false,
         version: version.to_string(),
         build: format!("oxadb-{version}"),
@@ -28,12 +35,13 @@ pub fn server_status(connect: &ConnectOptions) -> AdbServerStatus {
         // adb's ADB_TRACE tags mean nothing here (oxadb logs by -v).
         trace_level: None,
         burst_mode: Some(connect.credit.delayed_ack()),
-        mdns_enabled: Some(false),
+        mdns_enabled: Some(mdns_on),
         keystore_path: oxadb_auth::default_android_dir()
             .ok()
             .map(|dir| dir.join("adbkey").display().to_string()),
-        // No wireless-debugging known hosts are kept.
-        known_hosts_path: None,
+        known_hosts_path: oxadb_auth::KnownHosts::load_default()
+            .ok()
+            .map(|known| known.path().display().to_string()),
     }
 }
 
@@ -62,7 +70,7 @@ mod tests {
 
     #[test]
     fn status_says_what_this_server_is() {
-        let status = server_status(&ConnectOptions::default());
+        let status = server_status(&ConnectOptions::default(), false);
         assert_eq!(status.usb_backend, UsbBackend::UsbDisabled as i32);
         assert_eq!(status.mdns_backend, MdnsBackend::MdnsDisabled as i32);
         assert_eq!(status.version, env!("CARGO_PKG_VERSION"));
@@ -78,6 +86,9 @@ mod tests {
             credit: crate::CreditMode::Classic,
             ..ConnectOptions::default()
         };
-        assert_eq!(server_status(&classic).burst_mode, Some(false));
+        assert_eq!(server_status(&classic, false).burst_mode, Some(false));
+        let browsing = server_status(&ConnectOptions::default(), true);
+        assert_eq!(browsing.mdns_backend, MdnsBackend::UnknownMdns as i32);
+        assert_eq!(browsing.mdns_enabled, Some(true));
     }
 }

@@ -1,0 +1,178 @@
+//! `~/.android/adb_known_hosts.pb`: the GUIDs of the devices this host
+//! paired with, as Google's adb keeps them (AOSP `client/adb_wifi.cpp`
+//! KnownWifiHostsFile, `proto/adb_known_hosts.proto`). A host server
+//! connects a paired device by itself when it sees the device's
+//! `_adb-tls-connect._tcp` service, whose instance name is that GUID.
+//!
+//! The file is the protobuf `AdbKnownHosts { repeated HostInfo host_infos
+//! = 1; }` with `HostInfo { string guid = 1; }`: two nested length-delimited
+//! fields (`oxadb_wire::protobuf`), so that adb and oxadb share one file.
+
+use std::path::{Path, PathBuf};
+
+use oxadb_wire::protobuf;
+
+use crate::error::KeyError;
+
+/// The file's name in `~/.android`.
+pub const KNOWN_HOSTS_FILE: &str = "adb_known_hosts.pb";
+
+/// A known-hosts file; every call reads it anew, as adb does, so that a
+/// pairing made by another process counts at once.
+#[derive(Debug, Clone)]
+pub struct KnownHosts {
+    path: PathBuf,
+}
+
+impl KnownHosts {
+    /// `~/.android/adb_known_hosts.pb`.
+    pub fn load_default() -> Result<KnownHosts, KeyError> {
+        Ok(KnownHosts::at(
+            crate::default_android_dir()?.join(KNOWN_HOSTS_FILE),
+        ))
+    }
+
+    pub fn at(path: impl Into<PathBuf>) -> KnownHosts {
+        KnownHosts { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GUIDs recorded, oldest first; none when the file is missing.
+    pub fn guids(&self) -> Result<Vec<String>, KeyError> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(cause) => {
+                return Err(KeyError::Io {
+                    path: self.path.clone(),
+                    action: "read",
+                    cause,
+                })
+            }
+        };
+        decode(&bytes).map_err(|reason| KeyError::KnownHosts {
+            path: self.path.clone(),
+            reason,
+        })
+    }
+
+    /// Whether the device announcing `instance` was paired with. adb
+    /// compares prefixes: a responder that re-announces too early gets
+    /// ` (2)` added to its name by the mDNS stack (AOSP IsKnownHost).
+    /// An unreadable file counts as no pairing (and is logged).
+    pub fn is_known(&self, instance: &str) -> bool {
+        match self.guids() {
+            Ok(guids) => guids
+                .iter()
+                .any(|guid| !guid.is_empty() && instance.starts_with(guid.as_str())),
+            Err(error) => {
+                tracing::warn!(%error, "known hosts unreadable");
+                false
+            }
+        }
+    }
+
+    /// Records `guid` (once), writing beside the file and renaming over it
+    /// so that a reader never sees half a file.
+    pub fn add(&self, guid: &str) -> Result<(), KeyError> {
+        let mut guids = self.guids()?;
+        if guids.iter().any(|known| known == guid) {
+            return Ok(());
+        }
+        guids.push(guid.to_string());
+        let io = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |cause| KeyError::Io {
+                path,
+                action,
+                cause,
+            }
+        };
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        }
+        let mut temp = self.path.clone().into_os_string();
+        temp.push(format!(".tmp.{}", std::process::id()));
+        let temp = PathBuf::from(temp);
+        std::fs::write(&temp, encode(&guids)).map_err(io("write", &temp))?;
+        std::fs::rename(&temp, &self.path).map_err(|cause| {
+            let _ = std::fs::remove_file(&temp);
+            io("replace", &self.path)(cause)
+        })
+    }
+}
+
+fn encode(guids: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for guid in guids {
+        let mut host_info = Vec::new();
+        protobuf::put_bytes(&mut host_info, 1, guid.as_bytes());
+        protobuf::put_bytes(&mut out, 1, &host_info);
+    }
+    out
+}
+
+fn decode(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let mut guids = Vec::new();
+    for (field, value) in protobuf::fields(bytes)? {
+        if field != 1 {
+            continue;
+        }
+        let Some(host_info) = value else {
+            return Err("host_infos is not a message".into());
+        };
+        // proto3: a HostInfo without the field has the empty GUID.
+        let mut guid = String::new();
+        for (field, value) in protobuf::fields(host_info)? {
+            if field == 1 {
+                let bytes = value.ok_or("guid is not a string")?;
+                guid = String::from_utf8(bytes.to_vec()).map_err(|_| "guid is not UTF-8")?;
+            }
+        }
+        guids.push(guid);
+    }
+    Ok(guids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_is_adbs_protobuf() {
+        // What protoc's encoder writes for two HostInfos.
+        let bytes = encode(&["adb-A-x".into(), "g".into()]);
+        assert_eq!(bytes, b"\x0a\x09\x0a\x07adb-A-x\x0a\x03\x0a\x01g".to_vec());
+        assert_eq!(decode(&bytes).unwrap(), vec!["adb-A-x", "g"]);
+        // Unknown fields are skipped; a long GUID takes a two-byte length.
+        let long = "x".repeat(200);
+        let mut with_unknown = vec![0x10, 0x05];
+        with_unknown.extend(encode(std::slice::from_ref(&long)));
+        assert_eq!(decode(&with_unknown).unwrap(), vec![long]);
+        assert!(decode(b"\x0a\x05\x0a").is_err());
+    }
+
+    #[test]
+    fn added_guids_are_known_by_prefix_and_kept_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = KnownHosts::at(dir.path().join("sub").join(KNOWN_HOSTS_FILE));
+        assert!(hosts.guids().unwrap().is_empty());
+        assert!(!hosts.is_known("adb-SER-abc123"));
+        hosts.add("adb-SER-abc123").unwrap();
+        hosts.add("adb-SER-abc123").unwrap();
+        hosts.add("adb-OTHER-zzzzzz").unwrap();
+        assert_eq!(
+            hosts.guids().unwrap(),
+            vec!["adb-SER-abc123", "adb-OTHER-zzzzzz"]
+        );
+        assert!(hosts.is_known("adb-SER-abc123"));
+        assert!(hosts.is_known("adb-SER-abc123 (2)"));
+        assert!(!hosts.is_known("adb-SER-abc12"));
+        std::fs::write(hosts.path(), b"\x0a\x05\x0a").unwrap();
+        assert!(hosts.guids().is_err());
+        assert!(!hosts.is_known("adb-SER-abc123"));
+    }
+}

@@ -88,13 +88,32 @@ def resolve_oxadb() -> Path:
     return exe
 
 
+_NO_SERVER: socket.socket | None = None
+
+
+def no_server_port() -> int:
+    """A loopback port where no adb server can ever answer: bound for the
+    whole test session by this socket, which never listens (a connection
+    is refused at once), so nothing else can take it."""
+    global _NO_SERVER
+    if _NO_SERVER is None:
+        _NO_SERVER = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        _NO_SERVER.bind(("127.0.0.1", 0))
+    return _NO_SERVER.getsockname()[1]
+
+
 def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a test's commands: no ANDROID_/ADB_ settings of the
+    machine, and ANDROID_ADB_SERVER_PORT at a port where no server answers
+    (unless `extra` sets it), so `oxadb` talks to devices directly even when
+    an adb server runs on the machine's 5037."""
     env = dict(os.environ)
     for k in list(env):
-        if k.startswith(("ANDROID_", "ADB_", "OXADBD_")) or k in ("RUST_LOG",):
+        if k.startswith(("ANDROID_", "ADB_", "OXADBD_")) or k in ("RUST_LOG", "OXADB_DIRECT"):
             del env[k]
     env["NO_COLOR"] = "1"
     env["LC_ALL"] = "C.UTF-8"
+    env["ANDROID_ADB_SERVER_PORT"] = str(no_server_port())
     env.update(extra)
     return env
 

@@ -67,13 +67,16 @@ def forwarder_pids(state_dir: Path) -> list[int]:
 
 
 class Oxadb:
-    """oxadb with a private HOME and state directory."""
+    """oxadb with a private HOME and state directory, talking to devices
+    directly (OXADB_DIRECT=1: the script's `start-server` must not start a
+    server, since what is compared here is oxadb without one)."""
 
     def __init__(self, workdir: Path):
         self.home = workdir / "home"
         self.state_dir = workdir / "state"
         self.home.mkdir(parents=True, exist_ok=True)
-        self.env = clean_env(HOME=str(self.home), OXADB_STATE_DIR=str(self.state_dir))
+        self.env = clean_env(HOME=str(self.home), OXADB_STATE_DIR=str(self.state_dir),
+                             OXADB_DIRECT="1")
         for key in ("OXADB_NO_BURST", "OXADB_ZERO_COPY", "XDG_STATE_HOME"):
             self.env.pop(key, None)
         self.exe = str(resolve_oxadb().resolve())

@@ -28,6 +28,13 @@ pub enum Error {
     /// The device answered a `reverse:` request with FAIL: its message (adb's words).
     #[error("{request}: {message}")]
     Reverse { request: String, message: String },
+    /// An adb host server answered `FAIL`: its message, in adb's words
+    /// (`device 'X' not found`), which adb prints as `error: MESSAGE`.
+    #[error("{0}")]
+    ServerFail(String),
+    /// An adb host server broke the protocol or the connection.
+    #[error("adb server at {addr}: {message}")]
+    Server { addr: String, message: String },
     #[error("host keys: {0}")]
     Keys(oxadb_auth::KeyError),
     #[error("{context}: {cause}")]

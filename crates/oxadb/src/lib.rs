@@ -15,9 +15,11 @@
 //! # Ok(())
 //! # }
 //! ```
+mod byte_stream;
 pub mod device;
 pub mod error;
 mod first_bytes;
+pub mod host_client;
 pub mod pair;
 pub mod relay;
 pub mod reverse;
@@ -27,6 +29,7 @@ pub mod sync;
 pub mod target;
 pub mod usb;
 
+pub use byte_stream::{BoxedStream, ByteStream};
 pub use device::{resolve, ConnectOptions, CreditMode, Device, DeviceState};
 pub use error::{Error, Result};
 pub use oxadb_engine::{BudgetLimits, MemoryBudget};

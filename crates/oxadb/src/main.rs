@@ -9,12 +9,14 @@ use clap::{Parser, Subcommand};
 use oxadb::{Device, DeviceService};
 
 /// Android Debug Bridge host tool. Commands, flags and exit codes follow
-/// Google's adb; there is no adb server: each command connects to the device.
+/// Google's adb. When an adb server (`oxadb server`, or Google's) answers on
+/// the server port, commands go through it as adb's do; otherwise (or with
+/// --direct) each command connects to the device itself.
 #[derive(Debug, Parser)]
 #[command(
     version,
     about,
-    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nWithout -s or ANDROID_SERIAL, commands use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState: there is no adb server; the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 0 to push files by reading them (like --no-zero-copy); sendfile is the default over TCP\n  OXADB_PEER_TIMEOUT  seconds a silent TCP device is given (like --peer-timeout)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
+    after_help = "Also: wait-for[-usb|-local|-any]-STATE (STATE: device, any, disconnect; recovery, rescue, sideload and bootloader, which an oxadbd device never reaches) waits for the device. install, install-multiple, uninstall, sideload, backup, restore, bugreport and jdwp are refused: a Linux device has no Android package manager or recovery.\n\nAdb server: when one answers `host:version` on 127.0.0.1:5037 (or -P PORT, ANDROID_ADB_SERVER_PORT, -H HOST, -L tcp:HOST:PORT), every device command goes through it as Google's adb sends it: the server holds the connections (`connect`), forwards and reverse forwards, and -s, -t, -d, -e pick among its devices. `oxadb start-server` starts `oxadb server` in the background (its output appended to $TMPDIR/oxadb.$UID.log) unless a server answers; `oxadb kill-server` stops the one that answers. --direct (or OXADB_DIRECT=1) ignores any server.\n\nWithout a server, commands without -s or ANDROID_SERIAL use the only device `oxadb connect` added, else the only USB device, else 127.0.0.1:5555.\n\nState without a server: the devices `connect` added and the background forwarders `forward` started are kept in $XDG_STATE_HOME/oxadb/state (else ~/.local/state/oxadb/state), changed under an flock of state.lock and replaced atomically; `kill-server` with no server answering ends the forwarders and forgets the devices.\n\nEnvironment:\n  ANDROID_SERIAL   device to use when -s is not given (as -s)\n  ANDROID_ADB_SERVER_PORT  port of the adb server (as -P)\n  OXADB_DIRECT     set to 1 to talk to devices directly (like --direct)\n  OXADB_STATE_DIR  directory of the state file (instead of the above)\n  OXADB_NO_BURST   set to 1 to force classic flow control (like --no-burst)\n  OXADB_ZERO_COPY  set to 0 to push files by reading them (like --no-zero-copy); sendfile is the default over TCP\n  OXADB_PEER_TIMEOUT  seconds a silent TCP device is given (like --peer-timeout)\n  ADB_VENDOR_KEYS  extra private keys for authentication (colon-separated files or directories)"
 )]
 struct Args {
     /// Device to talk to: a USB device's serial or its usb:BUS-PORT path (as
@@ -23,6 +25,8 @@ struct Args {
     /// [default: the only USB device present, else 127.0.0.1:5555].
     #[arg(short = 's', long = "serial", env = "ANDROID_SERIAL", global = true)]
     serial: Option<String>,
+    #[command(flatten)]
+    server: cli::host_server::ServerFlags,
     #[command(flatten)]
     tuning: cli::settings::Tuning,
     /// Log protocol details to stderr (-v debug, -vv trace).
@@ -34,9 +38,10 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List the USB devices with an ADB interface, the TCP devices `connect`
-    /// added (or -s names), with their state (device, unauthorized, offline,
-    /// busy, no permissions).
+    /// List the devices: the adb server's, when one answers; else the USB
+    /// devices with an ADB interface and the TCP devices `connect` added (or
+    /// -s names), with their state (device, unauthorized, offline, busy, no
+    /// permissions).
     Devices(cli::devices::DevicesArgs),
     /// Run a command on the device (an interactive shell when none is given).
     /// Exits with the remote command's status.
@@ -47,21 +52,22 @@ enum Command {
     Push(cli::transfer::PushArgs),
     /// Copy files or directories from the device.
     Pull(cli::transfer::PullArgs),
-    /// Forward a local socket to a socket on the device, served by a
-    /// background oxadb (--list, --remove, --remove-all; --foreground to
-    /// serve until Ctrl-C instead).
+    /// Forward a local socket to a socket on the device, served by the adb
+    /// server when one answers, else by a background oxadb (--list, --remove,
+    /// --remove-all; --foreground to serve until Ctrl-C instead).
     Forward(cli::forward::ForwardArgs),
     /// Make the device listen on REMOTE and relay its connections to LOCAL
-    /// here; runs until Ctrl-C (--list/--remove/--remove-all: this
-    /// connection's only, see `oxadb reverse --help`).
+    /// here: kept by the adb server when one answers, else served until
+    /// Ctrl-C (see `oxadb reverse --help`).
     Reverse(cli::reverse::ReverseArgs),
     /// Open any service (e.g. `dev-raw:/dev/ttyS0`, `framebuffer:`) and copy
     /// stdin to it and its output to stdout, until the device closes it.
     Raw(cli::raw::RawArgs),
     /// Save the device's screen (`framebuffer:`) as a PPM image.
     Framebuffer(cli::framebuffer::FramebufferArgs),
-    /// Connect to HOST[:PORT] (port 5555 if omitted) and remember it: later
-    /// commands without -s use it when it is the only one.
+    /// Connect to HOST[:PORT] (port 5555 if omitted): the adb server does
+    /// when one answers; else oxadb remembers it, and later commands without
+    /// -s use it when it is the only one.
     Connect {
         #[arg(value_name = "HOST[:PORT]")]
         address: Option<String>,
@@ -119,10 +125,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// End the background forwarders and forget connected devices (there is
-    /// no server to kill).
+    /// Stop the adb server that answers on the server port; with none, end
+    /// the background forwarders and forget connected devices.
     KillServer,
-    /// Nothing to start: succeeds, so adb scripts run unchanged.
+    /// Start `oxadb server` in the background unless an adb server answers
+    /// on the server port.
     StartServer,
     /// Run an adb host server in the foreground (port 5037, or -P), for
     /// Google's adb CLI and other tools that use one.
@@ -201,7 +208,18 @@ fn split_logcat(argv: Vec<std::ffi::OsString>) -> (Vec<std::ffi::OsString>, Vec<
             break;
         }
         // Global options that take a value as the next word.
-        if ["-s", "--serial", "--credit", "--memory-budget"].contains(&word.as_ref()) {
+        if [
+            "-s",
+            "--serial",
+            "--credit",
+            "--memory-budget",
+            "-P",
+            "-H",
+            "-L",
+            "-t",
+        ]
+        .contains(&word.as_ref())
+        {
             index += 1;
         }
         index += 1;
@@ -298,7 +316,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(mut args: Args) -> anyhow::Result<i32> {
+async fn run(args: Args) -> anyhow::Result<i32> {
     if let Command::Version = args.command {
         println!("oxadb version {}", env!("CARGO_PKG_VERSION"));
         if let Ok(path) = std::env::current_exe() {
@@ -313,21 +331,20 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     let settings =
         cli::settings::Settings::resolve(&args.tuning, &cli::settings::Environment::of_process());
     let options = &settings.connect;
-    // Commands that need no device, or pick it themselves.
+    // The server's own commands, and those no server serves.
     match &args.command {
-        Command::Connect { address } => {
-            return cli::connect::connect(address.as_deref(), options).await
+        Command::Server(server) => {
+            return cli::server::server(server, args.server.port, options).await
         }
-        Command::Disconnect { address } => return cli::connect::disconnect(address.as_deref()),
+        Command::StartServer if args.server.direct => return Ok(0),
+        Command::StartServer => return cli::host_server::start_server(&args.server).await,
+        Command::KillServer => {
+            if !args.server.direct && cli::host_server::kill_server(&args.server).await? {
+                return Ok(0);
+            }
+            return cli::connect::kill_server();
+        }
         Command::Pair { address, code } => return cli::pair::pair(address, code.as_deref()).await,
-        Command::KillServer => return cli::connect::kill_server(),
-        Command::Devices(devices) => {
-            let connected = cli::state::State::load()?.devices;
-            return cli::devices::devices(args.serial.as_deref(), &connected, options, devices)
-                .await;
-        }
-        Command::StartServer => return Ok(0),
-        Command::Server(server) => return cli::server::server(server, options).await,
         Command::External(words) => {
             let name = words.first().map(String::as_str).unwrap_or("");
             if let Some(code) = cli::device_services::refuse_android_only(name) {
@@ -344,6 +361,92 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
                 eprintln!("{message}");
                 return Ok(1);
             }
+        }
+        _ => {}
+    }
+    // A forward served by this process, or a background forwarder, talks to
+    // the device itself.
+    let direct_only = matches!(
+        &args.command,
+        Command::Forwarder(_)
+            | Command::Forward(cli::forward::ForwardArgs {
+                foreground: true,
+                ..
+            })
+    );
+    if !direct_only {
+        if let Some(server) = args.server.running_server().await? {
+            return through_server(&args, &server, settings.durability).await;
+        }
+    }
+    if args.server.selects_through_server() {
+        if args.server.direct {
+            anyhow::bail!("-t, -d and -e pick among an adb server's devices, and --direct (or OXADB_DIRECT) uses none");
+        }
+        let (_, spec) = args.server.address()?;
+        anyhow::bail!(
+            "-t, -d and -e pick among an adb server's devices, and no adb server answers at {spec} (`oxadb start-server` starts one)"
+        );
+    }
+    direct(args, settings).await
+}
+
+/// A command through the adb server that answers on the server port.
+async fn through_server(
+    args: &Args,
+    server: &oxadb::host_client::HostServer,
+    durability: oxadb_transfer::Durability,
+) -> anyhow::Result<i32> {
+    use cli::through_server as via;
+    let selector = args.server.selector(args.serial.as_deref());
+    let prefix = selector.host_prefix();
+    match &args.command {
+        Command::Devices(devices) => return via::devices(server, devices.long).await,
+        Command::Connect { address } => return via::connect(server, address.as_deref()).await,
+        Command::Disconnect { address } => {
+            return via::disconnect(server, address.as_deref()).await
+        }
+        Command::GetState => return via::print_query(server, &format!("{prefix}:get-state")).await,
+        Command::GetSerialno => {
+            return via::print_query(server, &format!("{prefix}:get-serialno")).await
+        }
+        Command::GetDevpath => {
+            return via::print_query(server, &format!("{prefix}:get-devpath")).await
+        }
+        Command::Reconnect => {
+            return via::print_query(server, &format!("{prefix}:reconnect")).await
+        }
+        Command::External(words) => {
+            let name = words.first().map(String::as_str).unwrap_or("");
+            return via::wait_for(server, &selector, name).await;
+        }
+        Command::Forward(forward) => return via::forward(server, &selector, forward).await,
+        _ => {}
+    }
+    let device = oxadb::host_client::ServerDevice::select(*server, selector).await?;
+    if let Command::Reverse(reverse) = &args.command {
+        return via::reverse(&device, reverse).await;
+    }
+    let endpoint = cli::endpoint::Endpoint::Server(device);
+    match on_device(&endpoint, &args.command, durability).await? {
+        Some(code) => Ok(code),
+        None => unreachable!("every other command is answered above"),
+    }
+}
+
+/// A command connecting to the device itself (no server, or --direct).
+async fn direct(mut args: Args, settings: cli::settings::Settings) -> anyhow::Result<i32> {
+    let options = &settings.connect;
+    // Commands that need no device, or pick it themselves.
+    match &args.command {
+        Command::Connect { address } => {
+            return cli::connect::connect(address.as_deref(), options).await
+        }
+        Command::Disconnect { address } => return cli::connect::disconnect(address.as_deref()),
+        Command::Devices(devices) => {
+            let connected = cli::state::State::load()?.devices;
+            return cli::devices::devices(args.serial.as_deref(), &connected, options, devices)
+                .await;
         }
         Command::Forward(forward) => {
             if let Some(code) = cli::forward::manage(forward)? {
@@ -394,78 +497,88 @@ async fn run(mut args: Args) -> anyhow::Result<i32> {
     }
     let device = Device::connect_serial(serial, options).await?;
     let code = match &args.command {
-        Command::Shell(shell) => cli::shell::shell(&device, shell).await?,
-        Command::ExecOut(exec) => cli::shell::exec_out(&device, exec).await?,
-        Command::Push(push) => {
-            cli::transfer::push(&device, push).await?;
-            0
-        }
-        Command::Pull(pull) => {
-            cli::transfer::pull(&device, pull, settings.durability).await?;
-            0
-        }
         Command::Forward(forward) => cli::forward::forward(&device, forward).await?,
         Command::Forwarder(forwarder) => cli::forward::forwarder(&device, forwarder).await?,
         Command::Reverse(reverse) => cli::reverse::reverse(&device, reverse).await?,
-        Command::Raw(raw) => cli::raw::raw(&device, raw).await?,
-        Command::Framebuffer(framebuffer) => {
-            cli::framebuffer::framebuffer(&device, framebuffer).await?
-        }
-        Command::Features => {
-            for feature in device.features() {
-                println!("{feature}");
-            }
-            eprintln!(
-                "burst mode (delayed_ack): {}",
-                if device.burst_mode() { "on" } else { "off" }
-            );
-            0
-        }
         Command::GetState => {
             println!("device");
             0
         }
         Command::GetSerialno => cli::connect::get("get-serialno", &device).await?,
         Command::GetDevpath => cli::connect::get("get-devpath", &device).await?,
-        Command::Reboot { target } => {
-            cli::device_services::reboot(&device, target.as_deref()).await?
-        }
-        Command::Logcat { args } => cli::shell::logcat(&device, args).await?,
-        Command::Root => cli::device_services::one_shot(&device, &DeviceService::Root).await?,
-        Command::Unroot => cli::device_services::one_shot(&device, &DeviceService::Unroot).await?,
-        Command::Remount => {
-            let remount = DeviceService::Remount(String::new());
-            cli::device_services::one_shot(&device, &remount).await?
-        }
-        Command::DisableVerity => {
-            cli::device_services::one_shot(&device, &DeviceService::DisableVerity).await?
-        }
-        Command::EnableVerity => {
-            cli::device_services::one_shot(&device, &DeviceService::EnableVerity).await?
-        }
-        Command::Tcpip { port } => {
-            let service =
-                cli::device_services::tcpip_service(port.as_deref()).map_err(anyhow::Error::msg)?;
-            cli::device_services::one_shot(&device, &service).await?
-        }
-        Command::Usb => cli::device_services::one_shot(&device, &DeviceService::Usb).await?,
-        Command::Version
-        | Command::Keygen { .. }
-        | Command::Devices(_)
-        | Command::Connect { .. }
-        | Command::Pair { .. }
-        | Command::Disconnect { .. }
-        | Command::Reconnect
-        | Command::KillServer
-        | Command::StartServer
-        | Command::Server(_)
-        | Command::Sync { .. }
-        | Command::External(_) => {
-            unreachable!("handled above")
+        _ => {
+            let endpoint = cli::endpoint::Endpoint::Direct(Box::new(device));
+            let code = on_device(&endpoint, &args.command, settings.durability).await?;
+            endpoint.close();
+            return Ok(code.unwrap_or_else(|| unreachable!("handled above")));
         }
     };
     device.close();
     Ok(code)
+}
+
+/// The commands that only open services on the device, the same directly
+/// and through a server; `None` for any other command.
+async fn on_device(
+    device: &cli::endpoint::Endpoint,
+    command: &Command,
+    durability: oxadb_transfer::Durability,
+) -> anyhow::Result<Option<i32>> {
+    let code = match command {
+        Command::Shell(shell) => cli::shell::shell(device, shell).await?,
+        Command::ExecOut(exec) => cli::shell::exec_out(device, exec).await?,
+        Command::Push(push) => {
+            cli::transfer::push(device, push).await?;
+            0
+        }
+        Command::Pull(pull) => {
+            cli::transfer::pull(device, pull, durability).await?;
+            0
+        }
+        Command::Raw(raw) => cli::raw::raw(device, raw).await?,
+        Command::Framebuffer(framebuffer) => {
+            cli::framebuffer::framebuffer(device, framebuffer).await?
+        }
+        Command::Features => {
+            for feature in device.features() {
+                println!("{feature}");
+            }
+            match device.burst_mode() {
+                Some(on) => {
+                    eprintln!(
+                        "burst mode (delayed_ack): {}",
+                        if on { "on" } else { "off" }
+                    )
+                }
+                None => eprintln!("burst mode (delayed_ack): the adb server's choice"),
+            }
+            0
+        }
+        Command::Reboot { target } => {
+            cli::device_services::reboot(device, target.as_deref()).await?
+        }
+        Command::Logcat { args } => cli::shell::logcat(device, args).await?,
+        Command::Root => cli::device_services::one_shot(device, &DeviceService::Root).await?,
+        Command::Unroot => cli::device_services::one_shot(device, &DeviceService::Unroot).await?,
+        Command::Remount => {
+            let remount = DeviceService::Remount(String::new());
+            cli::device_services::one_shot(device, &remount).await?
+        }
+        Command::DisableVerity => {
+            cli::device_services::one_shot(device, &DeviceService::DisableVerity).await?
+        }
+        Command::EnableVerity => {
+            cli::device_services::one_shot(device, &DeviceService::EnableVerity).await?
+        }
+        Command::Tcpip { port } => {
+            let service =
+                cli::device_services::tcpip_service(port.as_deref()).map_err(anyhow::Error::msg)?;
+            cli::device_services::one_shot(device, &service).await?
+        }
+        Command::Usb => cli::device_services::one_shot(device, &DeviceService::Usb).await?,
+        _ => return Ok(None),
+    };
+    Ok(Some(code))
 }
 
 fn server_threads() -> usize {

@@ -2,12 +2,12 @@
 //! with separate stdout/stderr and an exit status) and `exec` (raw bytes).
 
 use bytes::{Bytes, BytesMut};
-use oxadb_io::AdbStream;
 use oxadb_wire::feature;
 use oxadb_wire::service::{DeviceService, ShellMode, ShellProtocol, ShellService};
 use oxadb_wire::shell::{encode_frame, FrameDecoder, FrameId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 
+use crate::byte_stream::BoxedStream;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -53,20 +53,22 @@ pub struct ShellSession {
 
 /// The input side of a [`ShellSession`].
 pub struct ShellWriter {
-    writer: WriteHalf<AdbStream>,
+    writer: WriteHalf<BoxedStream>,
     protocol_v2: bool,
     label: String,
 }
 
 /// The output side of a [`ShellSession`].
 pub struct ShellReader {
-    reader: ReadHalf<AdbStream>,
+    reader: ReadHalf<BoxedStream>,
     protocol_v2: bool,
     decoder: FrameDecoder,
     finished: bool,
     exited: bool,
     label: String,
-    connection: oxadb_io::Connection,
+    /// Tells a lost connection from a finished command; a stream an adb
+    /// server relays has none (the server's own end says nothing more).
+    connection: Option<oxadb_io::Connection>,
     serial: String,
 }
 
@@ -106,25 +108,9 @@ impl Device {
         let v2 = !options.no_v2 && self.has_feature(feature::SHELL_V2);
         let service = shell_service(command, options, v2);
         let stream = self.open(&service).await?;
-        let (reader, writer) = tokio::io::split(stream);
-        let label = format!("{}: shell {command:?}", self.serial());
-        Ok(ShellSession {
-            reader: ShellReader {
-                reader,
-                protocol_v2: v2,
-                decoder: FrameDecoder::new(),
-                finished: false,
-                exited: false,
-                label: label.clone(),
-                connection: self.connection().clone(),
-                serial: self.serial().to_string(),
-            },
-            writer: ShellWriter {
-                writer,
-                protocol_v2: v2,
-                label,
-            },
-        })
+        let mut session = ShellSession::over_stream(Box::new(stream), v2, self.serial(), command);
+        session.reader.connection = Some(self.connection().clone());
+        Ok(session)
     }
 
     /// Runs `command` to completion and collects its output and exit status.
@@ -159,6 +145,30 @@ impl Device {
 }
 
 impl ShellSession {
+    /// A session on a shell service already opened on `stream` (`v2`: the
+    /// service asked for is `shell,v2,...`), e.g. one an adb server relays.
+    pub fn over_stream(stream: BoxedStream, v2: bool, serial: &str, command: &str) -> ShellSession {
+        let (reader, writer) = tokio::io::split(stream);
+        let label = format!("{serial}: shell {command:?}");
+        ShellSession {
+            reader: ShellReader {
+                reader,
+                protocol_v2: v2,
+                decoder: FrameDecoder::new(),
+                finished: false,
+                exited: false,
+                label: label.clone(),
+                connection: None,
+                serial: serial.to_string(),
+            },
+            writer: ShellWriter {
+                writer,
+                protocol_v2: v2,
+                label,
+            },
+        }
+    }
+
     /// Whether the session speaks shell protocol v2 (exit status, separate stderr).
     pub fn is_v2(&self) -> bool {
         self.writer.protocol_v2
@@ -270,8 +280,10 @@ impl ShellReader {
                 // The stream's end is only a command's end if the connection
                 // still stands and, with v2, an exit frame came first (adb's
                 // `shell_protocol` ends every command with one).
-                if let Some(lost) = crate::device::lost(&self.connection, &self.serial) {
-                    return Err(lost);
+                if let Some(connection) = &self.connection {
+                    if let Some(lost) = crate::device::lost(connection, &self.serial) {
+                        return Err(lost);
+                    }
                 }
                 if self.protocol_v2 && !self.exited {
                     return Err(Error::ConnectionLost {

@@ -6,11 +6,13 @@
 use std::num::NonZeroU16;
 
 use anyhow::Context;
-use oxadb::{Device, DeviceService};
+use oxadb::DeviceService;
+
+use super::endpoint::Endpoint;
 use tokio::io::AsyncWriteExt;
 
 /// Opens `service` and copies what the device answers to stdout.
-pub async fn one_shot(device: &Device, service: &DeviceService) -> anyhow::Result<i32> {
+pub async fn one_shot(device: &Endpoint, service: &DeviceService) -> anyhow::Result<i32> {
     let mut stream = device.open(service).await?;
     let mut stdout = tokio::io::stdout();
     tokio::io::copy(&mut stream, &mut stdout)
@@ -21,7 +23,7 @@ pub async fn one_shot(device: &Device, service: &DeviceService) -> anyhow::Resul
 }
 
 /// `reboot [TARGET]`: `reboot:TARGET` (bootloader, recovery, sideload...).
-pub async fn reboot(device: &Device, target: Option<&str>) -> anyhow::Result<i32> {
+pub async fn reboot(device: &Endpoint, target: Option<&str>) -> anyhow::Result<i32> {
     let target = target.unwrap_or("").to_string();
     one_shot(device, &DeviceService::Reboot(target)).await
 }

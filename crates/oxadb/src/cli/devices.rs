@@ -15,7 +15,7 @@ use oxadb::{ConnectOptions, Device, DeviceState};
 pub struct DevicesArgs {
     /// Long listing: the USB path, product, model and device names.
     #[arg(short = 'l', long = "long")]
-    long: bool,
+    pub long: bool,
 }
 
 /// How long a device has to answer our CNXN before it is listed `offline`.

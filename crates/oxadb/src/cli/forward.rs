@@ -21,6 +21,10 @@ use tokio::net::{TcpListener, UnixListener};
 use super::state::{self, Forwarder};
 
 const AFTER_HELP: &str = "\
+Through an adb server (one answering on the server port, see `oxadb
+--help`), the server holds the forward, as with adb; --foreground still
+serves in this process, connected to the device directly.
+
 With no adb server, a forward is served by a background oxadb process
 (`oxadb __forwarder`, in its own session) whose pid is recorded in the
 state file ($XDG_STATE_HOME/oxadb/state, else ~/.local/state/oxadb/state;
@@ -34,25 +38,25 @@ instead, until Ctrl-C, and records nothing.";
 pub struct ForwardArgs {
     /// List the background forwards (`SERIAL LOCAL REMOTE` lines).
     #[arg(long, conflicts_with_all = ["remove", "remove_all", "no_rebind", "foreground"])]
-    list: bool,
+    pub list: bool,
     /// End the background forward on LOCAL.
     #[arg(long, value_name = "LOCAL", conflicts_with_all = ["remove_all", "no_rebind", "foreground"])]
-    remove: Option<String>,
+    pub remove: Option<String>,
     /// End every background forward.
     #[arg(long, conflicts_with_all = ["no_rebind", "foreground"])]
-    remove_all: bool,
+    pub remove_all: bool,
     /// Fail (`cannot rebind existing socket`) if LOCAL is already forwarded,
     /// instead of pointing it at REMOTE.
     #[arg(long)]
-    no_rebind: bool,
+    pub no_rebind: bool,
     /// Serve in this process until Ctrl-C instead of in the background.
     #[arg(long)]
     pub foreground: bool,
     /// Local end: `tcp:PORT` (on 127.0.0.1; tcp:0 picks a free port, printed)
     /// or `localfilesystem:PATH` (a unix socket).
-    local: Option<String>,
+    pub local: Option<String>,
     /// Device end: `tcp:PORT`, `tcp:HOST:PORT`, `localabstract:NAME` or `localfilesystem:PATH`.
-    remote: Option<String>,
+    pub remote: Option<String>,
 }
 
 /// The hidden `__forwarder LOCAL REMOTE` a background forward runs as.

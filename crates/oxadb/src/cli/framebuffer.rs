@@ -6,7 +6,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use oxadb::{Device, DeviceService};
+use oxadb::DeviceService;
+
+use super::endpoint::Endpoint;
 use tokio::io::AsyncReadExt;
 
 #[derive(Debug, clap::Args)]
@@ -81,7 +83,7 @@ fn rgb(header: &Header, pixel: &[u8]) -> [u8; 3] {
     })
 }
 
-pub async fn framebuffer(device: &Device, args: &FramebufferArgs) -> anyhow::Result<i32> {
+pub async fn framebuffer(device: &Endpoint, args: &FramebufferArgs) -> anyhow::Result<i32> {
     let mut stream = device.open(&DeviceService::Framebuffer).await?;
     let mut reply = Vec::new();
     stream

@@ -2,8 +2,10 @@
 pub mod connect;
 pub mod device_services;
 pub mod devices;
+pub mod endpoint;
 pub mod forward;
 pub mod framebuffer;
+pub mod host_server;
 pub mod pair;
 pub mod raw;
 pub mod reverse;
@@ -11,4 +13,5 @@ pub mod server;
 pub mod settings;
 pub mod shell;
 pub mod state;
+pub mod through_server;
 pub mod transfer;

@@ -1,8 +1,8 @@
 //! `oxadb raw SERVICE`: any service as a byte stream, as adb 34's `adb raw`
 //! (e.g. `dev-raw:/dev/ttyS0` for a board's serial console, `framebuffer:`).
 
+use super::endpoint::Endpoint;
 use anyhow::Context;
-use oxadb::Device;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, clap::Args)]
@@ -15,7 +15,7 @@ pub struct RawArgs {
 /// Copies stdin to the stream and the stream to stdout until the device
 /// closes the stream. ADB streams have no half-close, so the end of stdin
 /// does not end the stream: what the device still sends is still printed.
-pub async fn raw(device: &Device, args: &RawArgs) -> anyhow::Result<i32> {
+pub async fn raw(device: &Endpoint, args: &RawArgs) -> anyhow::Result<i32> {
     let stream = device.open_text(&args.service).await?;
     let (mut from_device, mut to_device) = tokio::io::split(stream);
     let what = || format!("{}: {}", device.serial(), args.service);

@@ -8,9 +8,13 @@ use anyhow::{bail, Context};
 use oxadb::{Device, HostEnd};
 
 const AFTER_HELP: &str = "\
+Through an adb server (one answering on the server port, see `oxadb
+--help`), the server's connection holds the reverse forward, as with adb,
+and `oxadb reverse` returns at once. Without one, read on.
+
 A reverse forward belongs to the connection that made it: the device drops
-it when that connection ends. oxadb has no background server, so every
-oxadb command is a connection of its own: `oxadb reverse REMOTE LOCAL`
+it when that connection ends. Without a server every oxadb command is a
+connection of its own: `oxadb reverse REMOTE LOCAL`
 serves until Ctrl-C and its listener goes away when it exits. On oxadbd,
 `--list`, `--remove` and `--remove-all` act on their own connection's
 reverses only, so run from another oxadb they list nothing and remove
@@ -23,25 +27,25 @@ there they see and remove every connection's reverses.";
 pub struct ReverseArgs {
     /// List this connection's reverse forwards (see below).
     #[arg(long, conflicts_with_all = ["remove", "remove_all", "no_rebind", "remote"])]
-    list: bool,
+    pub list: bool,
     /// Remove this connection's reverse forward on REMOTE (see below).
     #[arg(long, value_name = "REMOTE", conflicts_with_all = ["remove_all", "no_rebind", "remote"])]
-    remove: Option<String>,
+    pub remove: Option<String>,
     /// Remove all of this connection's reverse forwards (see below).
     #[arg(long, conflicts_with_all = ["no_rebind", "remote"])]
-    remove_all: bool,
+    pub remove_all: bool,
     /// Fail (`cannot rebind existing socket`) if REMOTE is already
     /// reversed, instead of pointing it at LOCAL.
     #[arg(long)]
-    no_rebind: bool,
+    pub no_rebind: bool,
     /// Device end, where the device listens: tcp:PORT (its 127.0.0.1; tcp:0
     /// picks a free port, printed on stdout), localabstract:NAME or
     /// localfilesystem:PATH.
     #[arg(required_unless_present_any = ["list", "remove", "remove_all"], requires = "local")]
-    remote: Option<String>,
+    pub remote: Option<String>,
     /// Host end, where each connection goes on this machine: tcp:PORT (on
     /// 127.0.0.1), localabstract:NAME or localfilesystem:PATH.
-    local: Option<String>,
+    pub local: Option<String>,
 }
 
 pub async fn reverse(device: &Device, args: &ReverseArgs) -> anyhow::Result<i32> {

@@ -14,12 +14,12 @@ it. It serves this user and root only, unless --any-user.";
 #[derive(Debug, clap::Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct ServerArgs {
-    /// Port to listen on (as adb's -P) [default: $ANDROID_ADB_SERVER_PORT,
-    /// else 5037].
+    /// Port to listen on (as adb's -P; also given before the command)
+    /// [default: $ANDROID_ADB_SERVER_PORT, else 5037].
     #[arg(short = 'P', long = "port", conflicts_with = "socket")]
     port: Option<u16>,
     /// Socket to listen on, as adb's -L: tcp:PORT, tcp:localhost:PORT or
-    /// tcp:[::1]:PORT [default: $ADB_SERVER_SOCKET unless -P].
+    /// tcp:[::1]:PORT [default: $ADB_SERVER_SOCKET unless a port is given].
     #[arg(short = 'L', value_name = "SOCKET")]
     socket: Option<String>,
     /// Listen on all network interfaces (IPv6 and IPv4), not only
@@ -32,29 +32,35 @@ pub struct ServerArgs {
     any_user: bool,
 }
 
-/// Where to listen, as adb's client chooses (AOSP `client/commandline.cpp`):
-/// -L, else -P, else $ADB_SERVER_SOCKET, else $ANDROID_ADB_SERVER_PORT.
-fn listen_spec(args: &ServerArgs) -> anyhow::Result<ListenSpec> {
-    let env = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+/// Where to listen, much as adb's client chooses (AOSP
+/// `client/commandline.cpp`): the command's -P or -L, else `port` (the -P
+/// given before the command, or $ANDROID_ADB_SERVER_PORT), else
+/// $ADB_SERVER_SOCKET, else 5037.
+fn listen_spec(args: &ServerArgs, port: Option<u16>) -> anyhow::Result<ListenSpec> {
     if let Some(port) = args.port {
         return Ok(ListenSpec::port(port));
     }
-    if let Some(spec) = args.socket.clone().or_else(|| env("ADB_SERVER_SOCKET")) {
-        return ListenSpec::parse(&spec).map_err(|why| anyhow::anyhow!("-L {spec}: {why}"));
+    if let Some(spec) = &args.socket {
+        return ListenSpec::parse(spec).map_err(|why| anyhow::anyhow!("-L {spec}: {why}"));
     }
-    match env("ANDROID_ADB_SERVER_PORT") {
-        Some(port) => match port.parse::<u16>() {
-            Ok(port) if port > 0 => Ok(ListenSpec::port(port)),
-            _ => anyhow::bail!(
-                "$ANDROID_ADB_SERVER_PORT must be a positive number less than 65535: got \"{port}\""
-            ),
-        },
-        None => Ok(ListenSpec::port(DEFAULT_PORT)),
+    if let Some(port) = port {
+        return Ok(ListenSpec::port(port));
+    }
+    match std::env::var("ADB_SERVER_SOCKET") {
+        Ok(spec) if !spec.is_empty() => ListenSpec::parse(&spec)
+            .map_err(|why| anyhow::anyhow!("$ADB_SERVER_SOCKET {spec}: {why}")),
+        _ => Ok(ListenSpec::port(DEFAULT_PORT)),
     }
 }
 
-pub async fn server(args: &ServerArgs, connect: &ConnectOptions) -> anyhow::Result<i32> {
-    let spec = match listen_spec(args) {
+/// `port`: the port given before the command (`oxadb -P PORT server`),
+/// used unless the command has its own.
+pub async fn server(
+    args: &ServerArgs,
+    port: Option<u16>,
+    connect: &ConnectOptions,
+) -> anyhow::Result<i32> {
+    let spec = match listen_spec(args, port) {
         Ok(spec) => spec,
         Err(error) => {
             eprintln!("oxadb: error: {error}");

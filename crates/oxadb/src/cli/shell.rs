@@ -4,7 +4,9 @@ use std::io::Write;
 
 use anyhow::Context;
 use oxadb::shell::{ShellEvent, ShellOptions};
-use oxadb::{Device, DeviceService};
+use oxadb::DeviceService;
+
+use super::endpoint::Endpoint;
 use rustix::termios;
 use tokio::io::AsyncReadExt;
 
@@ -71,7 +73,7 @@ fn window_size() -> Option<termios::Winsize> {
 }
 
 /// Runs a shell command; returns the exit status to exit with (the remote one).
-pub async fn shell(device: &Device, args: &ShellArgs) -> anyhow::Result<i32> {
+pub async fn shell(device: &Endpoint, args: &ShellArgs) -> anyhow::Result<i32> {
     let command = args.command.join(" ");
     let stdin_tty = !args.no_stdin && termios::isatty(std::io::stdin());
     if args.pty == 1 && !stdin_tty {
@@ -95,7 +97,7 @@ pub async fn shell(device: &Device, args: &ShellArgs) -> anyhow::Result<i32> {
 /// `oxadb logcat [ARGS]`: adb's service line, `export ANDROID_LOG_TAGS=...;
 /// exec logcat ARGS` with every word quoted (client/commandline.cpp), run
 /// with the device's default shell type; stdin is not read.
-pub async fn logcat(device: &Device, args: &[String]) -> anyhow::Result<i32> {
+pub async fn logcat(device: &Endpoint, args: &[String]) -> anyhow::Result<i32> {
     let tags = std::env::var("ANDROID_LOG_TAGS").unwrap_or_default();
     let mut command = format!("export ANDROID_LOG_TAGS=\"{}\"; exec logcat", quote(&tags));
     for arg in args {
@@ -117,7 +119,7 @@ fn quote(word: &str) -> String {
 }
 
 async fn run(
-    device: &Device,
+    device: &Endpoint,
     command: &str,
     options: &ShellOptions,
     read_stdin: bool,
@@ -197,7 +199,7 @@ async fn run(
 }
 
 /// Copies a command's raw output to stdout.
-pub async fn exec_out(device: &Device, args: &ExecOutArgs) -> anyhow::Result<i32> {
+pub async fn exec_out(device: &Endpoint, args: &ExecOutArgs) -> anyhow::Result<i32> {
     let command = args.command.join(" ");
     let mut stream = device.open(&DeviceService::Exec(command.clone())).await?;
     let mut stdout = tokio::io::stdout();

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use oxadb::sync::{self, Compression, Direction, Progress, PullOptions, PushOptions};
-use oxadb::{Device, Error};
+use oxadb::Error;
+
+use super::endpoint::Endpoint;
 use oxadb_transfer::{Durability, Storage};
 
 const COMPRESSION_HELP: &str = "Compress file data with ALGORITHM: any, none, brotli, lz4 or zstd \
@@ -193,7 +195,7 @@ fn compression_parser() -> impl clap::builder::TypedValueParser<Value = Compress
 
 /// `oxadb push`: prints adb's summary line per source (and a total for
 /// several) on stdout, a progress bar on stderr when it is a terminal.
-pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
+pub async fn push(device: &Endpoint, args: &PushArgs) -> anyhow::Result<()> {
     let options = PushOptions {
         sync: args.sync,
         compression: args.compression(),
@@ -202,7 +204,7 @@ pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
     };
     let mut reporter = Reporter::new(Direction::Push, args.quiet, args.stats);
     let result = sync::push(
-        device,
+        device.sync(),
         &args.sources,
         &args.destination,
         &options,
@@ -213,7 +215,11 @@ pub async fn push(device: &Device, args: &PushArgs) -> anyhow::Result<()> {
 }
 
 /// `oxadb pull`, its files flushed as `durability` says: output as for [`push`].
-pub async fn pull(device: &Device, args: &PullArgs, durability: Durability) -> anyhow::Result<()> {
+pub async fn pull(
+    device: &Endpoint,
+    args: &PullArgs,
+    durability: Durability,
+) -> anyhow::Result<()> {
     // Sweeps what killed pulls left, and records where this one writes.
     let journal = super::state::open_pull_journal();
     let options = PullOptions {
@@ -227,7 +233,7 @@ pub async fn pull(device: &Device, args: &PullArgs, durability: Durability) -> a
     };
     let mut reporter = Reporter::new(Direction::Pull, args.quiet, args.stats);
     let result = sync::pull(
-        device,
+        device.sync(),
         &args.sources,
         &args.destination,
         &options,
@@ -279,7 +285,7 @@ impl Reporter {
     /// errors: all but the last printed here, the last returned.
     fn conclude(
         mut self,
-        device: &Device,
+        device: &Endpoint,
         result: oxadb::Result<sync::TransferSummary>,
     ) -> anyhow::Result<()> {
         // A device that went away fails every file after it: say that once.

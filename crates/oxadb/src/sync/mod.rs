@@ -62,6 +62,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use oxadb_wire::feature;
+use oxadb_wire::service::DeviceService;
 use oxadb_wire::sync as wire;
 
 use crate::device::Device;
@@ -155,18 +156,82 @@ pub struct SyncFeatures {
     pub recv_ahead: bool,
 }
 
+/// Where `sync:` sessions come from: a device connected directly, or one
+/// an adb host server holds (`host_client::ServerDevice`), whose sessions
+/// run over the socket the server relays.
+pub trait SyncOpener: Sync {
+    /// The device's name in messages.
+    fn serial(&self) -> &str;
+    /// The sync extensions the device advertises.
+    fn sync_features(&self) -> SyncFeatures;
+    /// Opens `sync:` on the device, using only `features`.
+    fn open_sync(
+        &self,
+        features: SyncFeatures,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::Result<SyncSession>> + Send + '_>>;
+}
+
+impl SyncOpener for Device {
+    fn serial(&self) -> &str {
+        Device::serial(self)
+    }
+
+    fn sync_features(&self) -> SyncFeatures {
+        SyncFeatures::of(self)
+    }
+
+    fn open_sync(
+        &self,
+        features: SyncFeatures,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::Result<SyncSession>> + Send + '_>>
+    {
+        Box::pin(SyncSession::open_with(self, features))
+    }
+}
+
+impl SyncOpener for crate::host_client::ServerDevice {
+    fn serial(&self) -> &str {
+        crate::host_client::ServerDevice::serial(self)
+    }
+
+    fn sync_features(&self) -> SyncFeatures {
+        SyncFeatures::from_names(self.features())
+    }
+
+    fn open_sync(
+        &self,
+        features: SyncFeatures,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::Result<SyncSession>> + Send + '_>>
+    {
+        Box::pin(async move {
+            let stream = self.open(&DeviceService::Sync).await?;
+            Ok(SyncSession::over_stream(
+                Box::new(stream),
+                self.serial(),
+                features,
+            ))
+        })
+    }
+}
+
 impl SyncFeatures {
     /// What `device` advertises.
     pub fn of(device: &Device) -> SyncFeatures {
+        SyncFeatures::from_names(device.features())
+    }
+
+    /// The extensions in a device's feature list (its banner's `features=`).
+    pub fn from_names(features: &[String]) -> SyncFeatures {
+        let has = |name: &str| features.iter().any(|f| f == name);
         SyncFeatures {
-            stat_v2: device.has_feature(feature::STAT_V2),
-            ls_v2: device.has_feature(feature::LS_V2),
-            sendrecv_v2: device.has_feature(feature::SENDRECV_V2),
-            brotli: device.has_feature(feature::SENDRECV_V2_BROTLI),
-            lz4: device.has_feature(feature::SENDRECV_V2_LZ4),
-            zstd: device.has_feature(feature::SENDRECV_V2_ZSTD),
-            dry_run_send: device.has_feature(feature::SENDRECV_V2_DRY_RUN_SEND),
-            recv_ahead: device.has_feature(feature::OXADB_RECV_AHEAD),
+            stat_v2: has(feature::STAT_V2),
+            ls_v2: has(feature::LS_V2),
+            sendrecv_v2: has(feature::SENDRECV_V2),
+            brotli: has(feature::SENDRECV_V2_BROTLI),
+            lz4: has(feature::SENDRECV_V2_LZ4),
+            zstd: has(feature::SENDRECV_V2_ZSTD),
+            dry_run_send: has(feature::SENDRECV_V2_DRY_RUN_SEND),
+            recv_ahead: has(feature::OXADB_RECV_AHEAD),
         }
     }
 

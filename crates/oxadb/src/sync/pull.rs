@@ -11,9 +11,8 @@ use super::push::{warn_if_unsupported, Tally};
 use super::session::SyncSession;
 use super::{
     basename, describe_io, join_remote, show, transfer_error, Progress, PullOptions, RemoteStat,
-    SyncFeatures, TransferSummary,
+    SyncFeatures, SyncOpener, TransferSummary,
 };
-use crate::device::Device;
 use crate::error::{Error, Result};
 
 /// Directory levels followed below a pulled directory before giving up (symlink loops).
@@ -54,7 +53,7 @@ const MAX_DEPTH: usize = 256;
 /// # }
 /// ```
 pub async fn pull(
-    device: &Device,
+    device: &dyn SyncOpener,
     sources: &[String],
     destination: &Path,
     options: &PullOptions,
@@ -64,7 +63,7 @@ pub async fn pull(
     if sources.is_empty() {
         return Err(transfer_error("pull requires an argument".to_string()));
     }
-    let features = options.features.unwrap_or_else(|| SyncFeatures::of(device));
+    let features = options.features.unwrap_or_else(|| device.sync_features());
     warn_if_unsupported(options.compression, &features, progress);
     let mut puller = Puller {
         device,
@@ -196,7 +195,7 @@ enum Step {
 }
 
 struct Puller<'a> {
-    device: &'a Device,
+    device: &'a dyn SyncOpener,
     features: SyncFeatures,
     session: Option<SyncSession>,
     compression: oxadb_wire::sync::Compression,

@@ -11,9 +11,8 @@ use super::send::{Content, LocalFile, SendMode, Upload};
 use super::session::SyncSession;
 use super::{
     basename, join_remote, transfer_error, Compression, Progress, PushOptions, SyncFeatures,
-    TransferSummary,
+    SyncOpener, TransferSummary,
 };
-use crate::device::Device;
 use crate::error::{Error, Result};
 
 /// Copies local files and directories to the device, as `adb push` does.
@@ -55,7 +54,7 @@ use crate::error::{Error, Result};
 /// # }
 /// ```
 pub async fn push(
-    device: &Device,
+    device: &dyn SyncOpener,
     sources: &[PathBuf],
     destination: &str,
     options: &PushOptions,
@@ -67,7 +66,7 @@ pub async fn push(
             "push requires <source> and <destination> arguments".to_string(),
         ));
     }
-    let features = options.features.unwrap_or_else(|| SyncFeatures::of(device));
+    let features = options.features.unwrap_or_else(|| device.sync_features());
     if options.dry_run && !features.dry_run_send {
         return Err(transfer_error(
             "dry-run not supported by the device".to_string(),
@@ -241,7 +240,7 @@ pub(crate) fn warn_if_unsupported(
 }
 
 struct Pusher<'a> {
-    device: &'a Device,
+    device: &'a dyn SyncOpener,
     features: SyncFeatures,
     session: Option<SyncSession>,
     mode: SendMode,

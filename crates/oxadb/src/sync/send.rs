@@ -7,7 +7,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use oxadb_io::WriteChunk;
 use oxadb_transfer::{Framing, SendError, Source};
 use oxadb_wire::sync::{self as wire, HEADER_LEN};
 use oxadb_wire::Payload;

@@ -10,12 +10,13 @@ use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
-use oxadb_io::{AdbStream, WriteChunk};
+use oxadb_io::{AdbStream, ReadChunk, ReadRanges, WriteChunk};
 use oxadb_transfer::{Client, ClientError, ClientEvent, RequestError, Transmit, MAX_UNACKED};
 use oxadb_wire::service::DeviceService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{show, transfer_error, SyncFeatures, ZeroCopyStats};
+use super::{show, transfer_error, SyncFeatures, SyncOpener, ZeroCopyStats};
+use crate::byte_stream::BoxedStream;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -54,11 +55,12 @@ const QUIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// # }
 /// ```
 pub struct SyncSession {
-    pub(super) stream: AdbStream,
+    pub(super) stream: SyncStream,
     pub(super) serial: String,
     /// Tells why the stream ended when the whole connection did (a device
     /// unplugged, a reset link) rather than the device closing the stream.
-    connection: oxadb_io::Connection,
+    /// None for a stream an adb server relays.
+    connection: Option<oxadb_io::Connection>,
     pub(super) features: SyncFeatures,
     /// The protocol: requests queued, replies expected and read.
     pub(super) client: Client,
@@ -78,14 +80,29 @@ impl SyncSession {
     pub async fn open_with(device: &Device, features: SyncFeatures) -> Result<SyncSession> {
         let stream = device.open(&DeviceService::Sync).await?;
         Ok(SyncSession {
-            stream,
+            stream: SyncStream::Adb(stream),
             serial: device.serial().to_string(),
-            connection: device.connection().clone(),
+            connection: Some(device.connection().clone()),
             features,
             client: Client::new(features.versions()),
             ranges: Default::default(),
             zero_copy: device.zero_copy(),
         })
+    }
+
+    /// A session on a `sync:` service already opened on `stream`, any byte
+    /// stream (e.g. the socket an adb host server relays it on), using only
+    /// `features`; `serial` names the device in errors.
+    pub fn over_stream(stream: BoxedStream, serial: &str, features: SyncFeatures) -> SyncSession {
+        SyncSession {
+            stream: SyncStream::Plain(stream),
+            serial: serial.to_string(),
+            connection: None,
+            features,
+            client: Client::new(features.versions()),
+            ranges: Default::default(),
+            zero_copy: false,
+        }
     }
 
     /// Flow-control statistics of the session's stream so far.
@@ -110,12 +127,12 @@ impl SyncSession {
     /// ended it (a failed transfer ends adbd's sync service).
     pub(crate) async fn reuse_or_open<'a>(
         slot: &'a mut Option<SyncSession>,
-        device: &Device,
+        device: &dyn SyncOpener,
         features: SyncFeatures,
     ) -> Result<&'a mut SyncSession> {
         if slot.as_ref().is_none_or(SyncSession::is_ended) {
             *slot = None;
-            *slot = Some(SyncSession::open_with(device, features).await?);
+            *slot = Some(device.open_sync(features).await?);
         }
         Ok(slot.as_mut().expect("a session"))
     }
@@ -156,7 +173,7 @@ impl SyncSession {
         while let Some(transmit) = self.client.poll_transmit() {
             match transmit {
                 Transmit::Bytes(bytes) => self.stream.write_all(&bytes).await?,
-                Transmit::Batch(batch) => self.stream.write_payload(batch, true).await?,
+                Transmit::Batch(batch) => self.stream.write_payload(batch).await?,
             }
         }
         Ok(())
@@ -313,7 +330,7 @@ impl SyncSession {
     fn stream_ended(&self) -> Error {
         Error::ConnectionLost {
             addr: self.serial.clone(),
-            reason: match self.connection.closed() {
+            reason: match self.connection.as_ref().and_then(|c| c.closed()) {
                 Some(error) if !error.is_clean() => error.to_string(),
                 _ => "the device closed the sync stream".to_string(),
             },
@@ -373,6 +390,61 @@ impl SyncSession {
                 show(remote)
             )),
             other => self.request_error(other),
+        }
+    }
+}
+
+/// The stream under a session: an ADB stream of a direct connection (read
+/// without copying, file ranges sent by `sendfile`), or any other byte
+/// stream, read into new buffers and written from them.
+pub(super) enum SyncStream {
+    Adb(AdbStream),
+    Plain(BoxedStream),
+}
+
+impl SyncStream {
+    fn stats(&self) -> Option<crate::StreamStats> {
+        match self {
+            SyncStream::Adb(stream) => stream.stats(),
+            SyncStream::Plain(_) => None,
+        }
+    }
+
+    async fn read_chunk(&mut self, max: usize) -> std::io::Result<Option<bytes::Bytes>> {
+        match self {
+            SyncStream::Adb(stream) => ReadChunk::read_chunk(stream, max).await,
+            SyncStream::Plain(stream) => {
+                let mut chunk = bytes::BytesMut::with_capacity(max.min(256 * 1024));
+                Ok(match stream.read_buf(&mut chunk).await? {
+                    0 => None,
+                    _ => Some(chunk.freeze()),
+                })
+            }
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            SyncStream::Adb(stream) => stream.write_all(bytes).await,
+            SyncStream::Plain(stream) => stream.write_all(bytes).await,
+        }
+    }
+
+    async fn write_payload(&mut self, payload: oxadb_wire::Payload) -> std::io::Result<()> {
+        match self {
+            SyncStream::Adb(stream) => stream.write_payload(payload, true).await,
+            SyncStream::Plain(stream) => {
+                let bytes = payload.read_into_bytes()?;
+                stream.write_all(&bytes).await
+            }
+        }
+    }
+
+    /// Whether file ranges leave by `sendfile` rather than being read here.
+    pub(super) fn takes_file_ranges(&self) -> bool {
+        match self {
+            SyncStream::Adb(stream) => stream.takes_file_ranges(),
+            SyncStream::Plain(_) => false,
         }
     }
 }

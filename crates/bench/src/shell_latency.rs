@@ -1,6 +1,7 @@
 //! `shell-latency`: how long a one-off `shell true` takes, start to exit,
 //! through each path to one oxadbd on loopback: Google's adb CLI through
-//! Google's server and through `oxadb server`, and `oxadb` alone. Runs are
+//! Google's server and through `oxadb server`, and `oxadb` through `oxadb
+//! server` and alone (no server answering: it connects itself). Runs are
 //! interleaved (a slow spell hits every path) and the table gives medians
 //! and the ratio to Google's server from the same run.
 
@@ -139,7 +140,14 @@ pub(crate) fn shell_latency(args: ShellLatencyArgs) -> Result<()> {
             Box::new(|| adb(google_port)),
         ),
         ("adb 29 CLI, oxadb server", Box::new(|| adb(oxadb_port))),
-        ("oxadb, no server", Box::new(|| oxadb(no_server_port))),
+        (
+            "oxadb, through oxadb server",
+            Box::new(|| oxadb(oxadb_port)),
+        ),
+        (
+            "oxadb, no server (direct)",
+            Box::new(|| oxadb(no_server_port)),
+        ),
     ];
     let mut millis: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
     for run in 0..args.runs {

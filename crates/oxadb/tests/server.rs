@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use oxadb::server::{Access, Server, ServerConfig};
+use oxadb::server::{Access, ListenHost, Server, ServerConfig};
 use oxadb::{ConnectOptions, CreditMode};
 use oxadb_wire::smart_socket::{decode_message, encode_request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,6 +25,7 @@ async fn daemon() -> String {
 async fn server() -> (u16, tokio::task::JoinHandle<()>) {
     let server = Server::bind(ServerConfig {
         port: 0,
+        host: ListenHost::Unnamed,
         all_interfaces: false,
         access: Access::OwnUser,
         connect: ConnectOptions {

@@ -2,7 +2,8 @@
 //! nodaemon`) for Google's adb CLI and the tools that use port 5037; every
 //! device it connects gets oxadb's transport. docs/server.md.
 
-use oxadb::server::{Access, Server, ServerConfig};
+use oxadb::server::listener::{listens_everywhere, DEFAULT_PORT};
+use oxadb::server::{Access, ListenSpec, Server, ServerConfig};
 use oxadb::ConnectOptions;
 
 const AFTER_HELP: &str = "\
@@ -15,16 +16,42 @@ devices as they are plugged in, unless ADB_USB=0 (as Google's server).";
 #[command(after_help = AFTER_HELP)]
 pub struct ServerArgs {
     /// Port to listen on (as adb's -P; also given before the command)
-    /// [default: 5037].
-    #[arg(short = 'P', long = "port", env = "ANDROID_ADB_SERVER_PORT")]
+    /// [default: $ANDROID_ADB_SERVER_PORT, else 5037].
+    #[arg(short = 'P', long = "port", conflicts_with = "socket")]
     port: Option<u16>,
-    /// Listen on all network interfaces, not only 127.0.0.1: whoever
-    /// reaches the port controls every device.
+    /// Socket to listen on, as adb's -L: tcp:PORT, tcp:localhost:PORT or
+    /// tcp:[::1]:PORT [default: $ADB_SERVER_SOCKET unless a port is given].
+    #[arg(short = 'L', value_name = "SOCKET")]
+    socket: Option<String>,
+    /// Listen on all network interfaces (IPv6 and IPv4), not only
+    /// loopback, for tcp:PORT: whoever reaches the port controls every
+    /// device.
     #[arg(short = 'a')]
     all_interfaces: bool,
     /// Serve clients of every local user, not only this user and root.
     #[arg(long)]
     any_user: bool,
+}
+
+/// Where to listen, much as adb's client chooses (AOSP
+/// `client/commandline.cpp`): the command's -P or -L, else `port` (the -P
+/// given before the command, or $ANDROID_ADB_SERVER_PORT), else
+/// $ADB_SERVER_SOCKET, else 5037.
+fn listen_spec(args: &ServerArgs, port: Option<u16>) -> anyhow::Result<ListenSpec> {
+    if let Some(port) = args.port {
+        return Ok(ListenSpec::port(port));
+    }
+    if let Some(spec) = &args.socket {
+        return ListenSpec::parse(spec).map_err(|why| anyhow::anyhow!("-L {spec}: {why}"));
+    }
+    if let Some(port) = port {
+        return Ok(ListenSpec::port(port));
+    }
+    match std::env::var("ADB_SERVER_SOCKET") {
+        Ok(spec) if !spec.is_empty() => ListenSpec::parse(&spec)
+            .map_err(|why| anyhow::anyhow!("$ADB_SERVER_SOCKET {spec}: {why}")),
+        _ => Ok(ListenSpec::port(DEFAULT_PORT)),
+    }
 }
 
 /// `port`: the port given before the command (`oxadb -P PORT server`),
@@ -34,12 +61,16 @@ pub async fn server(
     port: Option<u16>,
     connect: &ConnectOptions,
 ) -> anyhow::Result<i32> {
-    let port = args
-        .port
-        .or(port)
-        .unwrap_or(oxadb::server::listener::DEFAULT_PORT);
+    let spec = match listen_spec(args, port) {
+        Ok(spec) => spec,
+        Err(error) => {
+            eprintln!("oxadb: error: {error}");
+            return Ok(1);
+        }
+    };
     let config = ServerConfig {
-        port,
+        port: spec.port,
+        host: spec.host,
         all_interfaces: args.all_interfaces,
         access: if args.any_user {
             Access::AnyUser
@@ -56,14 +87,15 @@ pub async fn server(
             return Ok(1);
         }
     };
-    if args.all_interfaces {
+    let address = server.local_addr()?;
+    if listens_everywhere(spec.host, args.all_interfaces) {
         tracing::warn!(
             "-a: listening on every interface: anyone who can reach port {} controls every device this server holds",
-            port
+            address.port()
         );
     }
     tracing::info!(
-        address = %server.local_addr()?,
+        %address,
         credit = ?connect.credit,
         "oxadb server listening"
     );

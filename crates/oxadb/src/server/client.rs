@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use oxadb_wire::service::{DeviceListFormat, DeviceSelector, HostService, WaitState};
-use oxadb_wire::smart_socket::{self, fail, message, okay_message, RequestError, OKAY};
+use oxadb_wire::smart_socket::{
+    self, binary_message, fail, message, okay_message, RequestError, OKAY,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::host::{self, Action, MdnsQuery, WaitOutcome};
@@ -92,6 +94,16 @@ where
                 let answer = shared.registry.reconnect(id);
                 return socket.write_all(&okay_message(&answer)).await;
             }
+            Action::ReconnectOffline => {
+                let answer = shared.registry.reconnect_offline();
+                return socket.write_all(&okay_message(&answer)).await;
+            }
+            Action::ServerStatus => {
+                // A few hundred bytes: it always fits a message.
+                let reply = binary_message(&shared.status).unwrap_or_default();
+                socket.write_all(OKAY).await?;
+                return socket.write_all(&reply).await;
+            }
             Action::Track(format) => return track(shared, socket, format).await,
             Action::WaitFor { selector, state } => {
                 return wait_for(shared, socket, selector, state).await
@@ -167,8 +179,8 @@ where
     }
 }
 
-/// `track-devices[-l]`: `OKAY`, the list, and the list again whenever it
-/// changes, until the client closes (or sends anything: AOSP
+/// `track-devices[-l|-proto-binary|-proto-text]`: `OKAY`, the list, and
+/// the list again whenever it changes, until the client closes (or sends anything: AOSP
 /// `transport.cpp` device_tracker_enqueue closes then).
 async fn track<S>(
     shared: &Arc<Shared>,
@@ -178,16 +190,18 @@ async fn track<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let long = format == DeviceListFormat::Long;
     let mut changes = shared.registry.changes();
     socket.write_all(OKAY).await?;
-    let mut sent: Option<String> = None;
+    let mut sent: Option<Vec<u8>> = None;
     let mut scratch = [0u8; 64];
     loop {
         let _ = changes.borrow_and_update();
-        let list = host::device_list(&shared.registry.list(), long);
-        if sent.as_deref() != Some(list.as_str()) {
-            socket.write_all(&message(&list)).await?;
+        let list = host::tracked_list(&shared.registry.list(), format);
+        if sent.as_ref() != Some(&list) {
+            match binary_message(&list) {
+                Some(framed) => socket.write_all(&framed).await?,
+                None => tracing::warn!(bytes = list.len(), "device list too long to send"),
+            }
             sent = Some(list);
         }
         tokio::select! {
@@ -213,7 +227,7 @@ where
     loop {
         let _ = changes.borrow_and_update();
         let proto = mdns::services_proto(&shared.mdns.services(), &is_known);
-        match smart_socket::binary_message(&proto) {
+        match binary_message(&proto) {
             Some(framed) => socket.write_all(&framed).await?,
             None => tracing::warn!(bytes = proto.len(), "mDNS services too many to send"),
         }

@@ -13,7 +13,9 @@ use oxadb_wire::service::{
     ServiceProblem, TportSelector, WaitState, WaitTransport,
 };
 use oxadb_wire::smart_socket::{fail, okay_message, OKAY};
+use prost::Message as _;
 
+use super::proto;
 use super::registry::{Kind, State, TransportId, TransportInfo};
 
 /// What `host:version` answers (AOSP `adb.h` ADB_SERVER_VERSION): Google's
@@ -40,6 +42,11 @@ pub const TRANSPORT_OFFLINE: &str = "device offline (transport offline)";
 /// local_socket_close_notify).
 pub const STREAM_CLOSED: &str = "closed";
 pub const INVALID_TRANSPORT_ID: &str = "invalid transport id";
+/// `host:attach` / `host:detach` on a transport that cannot be detached:
+/// only libusb's USB connections can (AOSP `transport.cpp`
+/// atransport::Attach and Detach; the `!` is Detach's alone).
+pub const ATTACH_NOT_SUPPORTED: &str = "attach/detach not supported";
+pub const DETACH_NOT_SUPPORTED: &str = "attach/detach not supported!";
 
 pub fn device_not_found(serial: &str) -> String {
     format!("device '{serial}' not found")
@@ -62,11 +69,6 @@ pub fn unauthorized() -> String {
          Try 'adb kill-server' if that seems wrong.\n\
          Otherwise check for a confirmation dialog on your device."
     )
-}
-
-/// A request that parses but that this server does not serve.
-pub fn not_served(request: &HostRequest) -> String {
-    format!("host:{request} is not served by oxadb's adb server")
 }
 
 /// Whether a request is for the server itself (a host prefix) rather than
@@ -117,6 +119,10 @@ pub enum Action {
     Disconnect(String),
     /// Drop this transport's connection (it reconnects) and answer.
     Reconnect(TransportId),
+    /// Reconnect every transport that is not online now, and answer.
+    ReconnectOffline,
+    /// `OKAY` and the server's `AdbServerStatus`.
+    ServerStatus,
     /// `OKAY`, then the list now and at every change, until the client leaves.
     Track(DeviceListFormat),
     /// `OKAY`, then a second `OKAY` once [`wait_outcome`] says so.
@@ -291,16 +297,21 @@ fn sanitize(value: &str, alphanumeric: bool) -> String {
         .collect()
 }
 
-/// `host:devices` / `devices-l` and `track-devices[-l]`'s text (AOSP
-/// `transport.cpp` list_transports): USB before TCP, then by serial; one
+/// The transports in the order adb lists them (AOSP `transport.cpp`
+/// list_transports): USB before TCP, then by serial.
+fn listing_order(transports: &[TransportInfo]) -> Vec<&TransportInfo> {
+    let mut sorted: Vec<&TransportInfo> = transports.iter().collect();
+    sorted.sort_by(|a, b| (a.kind, &a.serial).cmp(&(b.kind, &b.serial)));
+    sorted
+}
+
+/// `host:devices` / `devices-l` and `track-devices[-l]`'s text: one
 /// line each, `SERIAL\tSTATE`, or with `long` the serial padded to 22
 /// columns, the state, the device path, `product:`, `model:`, `device:`
 /// where known, and `transport_id:` last.
 pub fn device_list(transports: &[TransportInfo], long: bool) -> String {
-    let mut sorted: Vec<&TransportInfo> = transports.iter().collect();
-    sorted.sort_by(|a, b| (a.kind, &a.serial).cmp(&(b.kind, &b.serial)));
     let mut out = String::new();
-    for t in sorted {
+    for t in listing_order(transports) {
         let serial = if t.serial.is_empty() {
             "(no serial number)"
         } else {
@@ -324,6 +335,47 @@ pub fn device_list(transports: &[TransportInfo], long: bool) -> String {
         out.push_str(&format!(" transport_id:{}\n", t.id));
     }
     out
+}
+
+/// The list as `adb.proto.Devices` (AOSP `transport.cpp`
+/// transportListToProto): the same order and sanitizing as the text; a
+/// socket transport has no bus address and no speeds.
+pub fn devices_proto(transports: &[TransportInfo]) -> proto::Devices {
+    let device = listing_order(transports)
+        .into_iter()
+        .map(|t| proto::Device {
+            serial: t.serial.clone(),
+            state: match t.state {
+                State::Connecting => proto::ConnectionState::Connecting,
+                State::Device => proto::ConnectionState::Device,
+                State::Offline => proto::ConnectionState::Offline,
+                State::Unauthorized => proto::ConnectionState::Unauthorized,
+            } as i32,
+            bus_address: sanitize(&t.devpath, false),
+            product: sanitize(&t.product, false),
+            model: sanitize(&t.model, true),
+            device: sanitize(&t.device, false),
+            connection_type: match t.kind {
+                Kind::Usb => proto::ConnectionType::Usb,
+                Kind::Tcp => proto::ConnectionType::Socket,
+            } as i32,
+            negotiated_speed: 0,
+            max_speed: 0,
+            transport_id: t.id as i64,
+        })
+        .collect();
+    proto::Devices { device }
+}
+
+/// What a device tracker sends (in a length-prefixed message) for
+/// `format`: the text list, or the proto serialized or in text format.
+pub fn tracked_list(transports: &[TransportInfo], format: DeviceListFormat) -> Vec<u8> {
+    match format {
+        DeviceListFormat::Short => device_list(transports, false).into_bytes(),
+        DeviceListFormat::Long => device_list(transports, true).into_bytes(),
+        DeviceListFormat::ProtoBinary => devices_proto(transports).encode_to_vec(),
+        DeviceListFormat::ProtoText => proto::devices_text(&devices_proto(transports)).into_bytes(),
+    }
 }
 
 /// Which transport a request that names one is about: a serial or id in
@@ -367,9 +419,8 @@ pub fn dispatch(
         Version => Action::Reply(okay_message(&format!("{SERVER_VERSION:04x}"))),
         Kill => Action::Kill,
         Devices { long } => Action::Reply(okay_message(&device_list(transports, *long))),
-        TrackDevices(format @ (DeviceListFormat::Short | DeviceListFormat::Long)) => {
-            Action::Track(*format)
-        }
+        TrackDevices(format) => Action::Track(*format),
+        ServerStatus => Action::ServerStatus,
         HostFeatures => Action::Reply(okay_message(&feature::IMPLEMENTED.join(","))),
         Features => answer(about(false).map(|t| t.features.join(","))),
         GetSerialno => answer(about(false).map(|t| t.serial.clone())),
@@ -402,6 +453,15 @@ pub fn dispatch(
             Ok(t) => Action::Reconnect(t.id),
             Err(message) => Action::Reply(okay_message(&message)),
         },
+        ReconnectOffline => Action::ReconnectOffline,
+        // Only libusb's USB connections detach; every transport here is a
+        // socket (AOSP `adb.cpp` handle_host_request, any state accepted).
+        Attach => {
+            answer(about(true).and_then(|_| Err::<String, _>(ATTACH_NOT_SUPPORTED.to_string())))
+        }
+        Detach => {
+            answer(about(true).and_then(|_| Err::<String, _>(DETACH_NOT_SUPPORTED.to_string())))
+        }
         WaitFor { transport, state } => {
             let kind = match transport {
                 WaitTransport::Usb => DeviceSelector::Usb,
@@ -437,9 +497,6 @@ pub fn dispatch(
             code: code.clone(),
             address: address.clone(),
         },
-        request @ (TrackDevices(_) | ReconnectOffline | Attach | Detach | ServerStatus) => {
-            Action::Reply(fail(&not_served(request)))
-        }
     }
 }
 
@@ -739,12 +796,7 @@ mod tests {
     }
 
     #[test]
-    fn unserved_requests_fail_with_a_reason() {
-        let text = reply("host:track-devices-proto-binary", None, &[]);
-        assert!(
-            text.starts_with("FAIL") && text.contains("not served"),
-            "{text}"
-        );
+    fn pairing_mdns_and_emulator_requests_go_to_their_services() {
         assert_eq!(
             run("host:pair:123456:a:1", None, &[]),
             Action::Pair {
@@ -761,6 +813,85 @@ mod tests {
             Action::Mdns(MdnsQuery::Track)
         );
         assert_eq!(reply("host:emulator:5554", None, &[]), "");
+    }
+
+    #[test]
+    fn proto_lists_are_adbs_devices_message() {
+        let mut list = two();
+        list[1].model = "QEMU Virtual\nMachine".to_string();
+        let devices = devices_proto(&list);
+        // Sorted by serial, as the text list.
+        let serials: Vec<&str> = devices.device.iter().map(|d| d.serial.as_str()).collect();
+        assert_eq!(serials, ["10.0.0.2:5555", "127.0.0.1:5555"]);
+        let offline = &devices.device[0];
+        assert_eq!(offline.state, proto::ConnectionState::Offline as i32);
+        assert_eq!(
+            offline.connection_type,
+            proto::ConnectionType::Socket as i32
+        );
+        assert_eq!(offline.model, "QEMU_Virtual_Machine");
+        assert_eq!(offline.transport_id, 3);
+        assert_eq!(
+            tracked_list(&list, DeviceListFormat::ProtoBinary),
+            devices.encode_to_vec()
+        );
+        let text =
+            String::from_utf8(tracked_list(&list[..1], DeviceListFormat::ProtoText)).unwrap();
+        assert_eq!(
+            text,
+            "device {\n  serial: \"127.0.0.1:5555\"\n  state: DEVICE\n  product: \"debian\"\n  \
+             model: \"QEMU_Virtual_Machine\"\n  device: \"builder\"\n  connection_type: SOCKET\n  \
+             transport_id: 7\n}\n"
+        );
+        assert_eq!(
+            tracked_list(&list, DeviceListFormat::Short),
+            device_list(&list, false).into_bytes()
+        );
+        for (request, format) in [
+            (
+                "host:track-devices-proto-binary",
+                DeviceListFormat::ProtoBinary,
+            ),
+            ("host:track-devices-proto-text", DeviceListFormat::ProtoText),
+            ("host:track-devices-l", DeviceListFormat::Long),
+        ] {
+            assert_eq!(run(request, None, &[]), Action::Track(format));
+        }
+    }
+
+    #[test]
+    fn attach_and_detach_are_for_usb_only_as_adbs() {
+        let list = two();
+        assert_eq!(
+            reply("host:attach", None, &[]),
+            "FAIL001ano devices/emulators found"
+        );
+        assert_eq!(
+            reply("host:detach", None, &list),
+            "FAIL001dmore than one device/emulator"
+        );
+        // Any state will do to be found.
+        assert_eq!(
+            reply("host-serial:10.0.0.2:5555:attach", None, &list),
+            "FAIL001battach/detach not supported"
+        );
+        assert_eq!(
+            reply("host-serial:10.0.0.2:5555:detach", None, &list),
+            "FAIL001cattach/detach not supported!"
+        );
+        assert_eq!(
+            reply("host:detach", Some(7), &list),
+            "FAIL001cattach/detach not supported!"
+        );
+    }
+
+    #[test]
+    fn server_status_and_reconnect_offline_are_the_servers() {
+        assert_eq!(run("host:server-status", None, &[]), Action::ServerStatus);
+        assert_eq!(
+            run("host:reconnect-offline", None, &two()),
+            Action::ReconnectOffline
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The server's port: bound on loopback (every interface only when asked),
-//! each connection checked against who may use the server, then served by
+//! The server's port: bound on loopback (every interface only when asked;
+//! AOSP `socket_spec.cpp` socket_spec_listen and `sysdeps/posix/network.cpp`
+//! say which), each connection checked against who may use the server, then served by
 //! its own task until `host:kill`.
 //!
 //! Whoever reaches the port controls every device the server holds, so a
@@ -8,17 +9,19 @@
 //! (`oxadb_io::peer_owner`, as oxadbd decides who needs no key). A peer
 //! that is not on loopback has no owner to ask and is refused too.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use oxadb_io::peer_owner::{self, Owner};
 use oxadb_wire::smart_socket::fail;
+use prost::Message as _;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use super::forward::Forwards;
 use super::mdns::Discovery;
 use super::registry::Registry;
+use super::socket_spec::ListenHost;
 use super::Shared;
 use crate::ConnectOptions;
 
@@ -38,7 +41,11 @@ pub enum Access {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub port: u16,
-    /// Listen on every interface (adb's `-a`), not only 127.0.0.1.
+    /// The host of adb's `-L tcp:HOST:PORT` ([`ListenHost::Unnamed`] for
+    /// `tcp:PORT`).
+    pub host: ListenHost,
+    /// Listen on every interface (adb's `-a`), not only loopback: for an
+    /// unnamed host only, as adb's.
     pub all_interfaces: bool,
     pub access: Access,
     /// How every device is connected.
@@ -76,18 +83,11 @@ pub struct Server {
 
 impl Server {
     pub async fn bind(config: ServerConfig) -> Result<Server, BindError> {
-        let ip = if config.all_interfaces {
-            Ipv4Addr::UNSPECIFIED
-        } else {
-            Ipv4Addr::LOCALHOST
-        };
-        let address = SocketAddr::from((ip, config.port));
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|cause| BindError { address, cause })?;
-        let registry = Registry::new(config.connect);
+        let listener = listen(config.host, config.all_interfaces, config.port)?;
+        let registry = Registry::new(config.connect.clone());
         let forwards = Forwards::new(registry.clone());
         let mdns = Discovery::start(registry.clone());
+        let status = super::status::server_status(&config.connect, mdns.is_on()).encode_to_vec();
         Ok(Server {
             listener,
             access: config.access,
@@ -97,6 +97,7 @@ impl Server {
                 forwards,
                 mdns,
                 stop: tokio::sync::Notify::new(),
+                status,
             }),
         })
     }
@@ -172,6 +173,59 @@ impl Server {
             )),
         }
     }
+}
+
+/// Whether the server listens on every interface with this host and `-a`.
+pub fn listens_everywhere(host: ListenHost, all_interfaces: bool) -> bool {
+    host == ListenHost::Unnamed && all_interfaces
+}
+
+/// Binds as adb's server does: every interface is `[::]` taking IPv4 too
+/// (libcutils socket_inaddr_any_server), 0.0.0.0 where the machine has no
+/// IPv6; loopback is 127.0.0.1, and ::1 only where IPv4 is unavailable
+/// (network_loopback_server preferring IPv4) or asked for by name.
+fn listen(host: ListenHost, all_interfaces: bool, port: u16) -> Result<TcpListener, BindError> {
+    let v4 = |ip: Ipv4Addr| SocketAddr::from((ip, port));
+    let v6 = |ip: Ipv6Addr| SocketAddr::from((ip, port));
+    let (first, fallback) = if listens_everywhere(host, all_interfaces) {
+        (v6(Ipv6Addr::UNSPECIFIED), Some(v4(Ipv4Addr::UNSPECIFIED)))
+    } else if host == ListenHost::Ipv6Loopback {
+        (v6(Ipv6Addr::LOCALHOST), None)
+    } else {
+        (v4(Ipv4Addr::LOCALHOST), Some(v6(Ipv6Addr::LOCALHOST)))
+    };
+    match bind_one(first) {
+        Err(cause) if fallback.is_some() && family_unavailable(&cause) => {
+            let address = fallback.unwrap_or(first);
+            bind_one(address).map_err(|cause| BindError { address, cause })
+        }
+        result => result.map_err(|cause| BindError {
+            address: first,
+            cause,
+        }),
+    }
+}
+
+/// The address family or address is missing on this machine.
+fn family_unavailable(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)
+    )
+}
+
+fn bind_one(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    if address.ip() == Ipv6Addr::UNSPECIFIED {
+        // IPv4 clients too, whatever net.ipv6.bindv6only says.
+        rustix::net::sockopt::set_ipv6_v6only(&socket, false)?;
+    }
+    socket.bind(address)?;
+    socket.listen(1024)
 }
 
 /// Tells a refused client why, as a `FAIL` (adb prints `error: WHY`):

@@ -264,6 +264,11 @@ impl Discovery {
         }
     }
 
+    /// Whether discovery runs.
+    pub fn is_on(&self) -> bool {
+        self.daemon.is_some()
+    }
+
     /// `mdns:check` (AOSP mdns_check): adb's words, with this backend's name.
     pub fn check(&self) -> String {
         match self.daemon {

@@ -9,7 +9,10 @@
 //! - [`usb`]: USB devices, added and removed as they are plugged in;
 //! - [`forward`]: `adb forward`'s listeners;
 //! - [`mdns`]: mDNS discovery and auto-connection of paired devices;
-//! - [`pair`]: pairing (`host:pair:`).
+//! - [`pair`]: pairing (`host:pair:`);
+//! - [`proto`]: adb's protobuf messages (proto device lists, status);
+//! - [`status`]: what `host:server-status` says of this server;
+//! - [`socket_spec`]: the server's own socket as `-L` names it.
 //!
 //! Bytes go between clients and devices through [`crate::relay`].
 
@@ -19,7 +22,10 @@ pub mod host;
 pub mod listener;
 pub mod mdns;
 pub mod pair;
+pub mod proto;
 pub mod registry;
+pub mod socket_spec;
+pub mod status;
 pub mod usb;
 
 use std::sync::Arc;
@@ -30,6 +36,7 @@ use tokio::sync::Notify;
 
 pub use listener::{Access, BindError, Server, ServerConfig};
 pub use registry::{Registry, State, TransportId, TransportInfo};
+pub use socket_spec::{ListenHost, ListenSpec};
 
 /// What every client task of one server shares.
 pub struct Shared {
@@ -38,6 +45,8 @@ pub struct Shared {
     pub mdns: Arc<mdns::Discovery>,
     /// Notified by `host:kill`.
     pub stop: Notify,
+    /// `host:server-status`'s answer, serialized.
+    pub status: Vec<u8>,
 }
 
 /// [`crate::relay::relay`], logging how it ended.

@@ -111,6 +111,8 @@ struct Entry {
     info: TransportInfo,
     device: Option<Arc<Device>>,
     monitor: Option<AbortHandle>,
+    /// Wakes its monitor for an attempt now (`host:reconnect-offline`).
+    retry_now: Arc<Notify>,
 }
 
 impl Entry {
@@ -128,7 +130,7 @@ impl Entry {
 
 /// How a transport's device is connected (again).
 enum Reach {
-    /// At the address that is its serial.
+    /// At the address that is its serial (`host:port`, `vsock:CID:PORT`).
     Tcp(String),
     /// Found over mDNS, listed under its service name: never reconnected
     /// (removed when lost, connected again when announced again).
@@ -148,7 +150,7 @@ impl Reach {
     /// `None` for a device that is not connected again.
     async fn connect(&self, options: &ConnectOptions) -> Option<Result<Device, Error>> {
         Some(match self {
-            Reach::Tcp(serial) => Device::connect_unattended(serial, options).await,
+            Reach::Tcp(serial) => connect_device(serial, options).await,
             Reach::Mdns(_) => return None,
             Reach::Usb(device) => Device::connect_usb_unattended(device, options).await,
         })
@@ -171,6 +173,7 @@ impl Inner {
             info,
             device: None,
             monitor: None,
+            retry_now: Arc::new(Notify::new()),
         });
         id
     }
@@ -243,11 +246,19 @@ impl Registry {
         if address.is_empty() {
             return "empty address".to_string();
         }
-        let serial = target::with_default_port(address);
+        let serial = if address.starts_with("vsock:") {
+            match vsock_serial(address) {
+                Ok(serial) => serial,
+                Err(answer) => return answer,
+            }
+        } else {
+            target::with_default_port(address)
+        };
         self.connect_at(serial.clone(), serial).await
     }
 
-    /// Connects the device at `dial` (`host:port`) as transport `serial`.
+    /// Connects the device at `dial` (`host:port` or `vsock:CID:PORT`) as
+    /// transport `serial`.
     /// A device found over mDNS is listed under its service name
     /// (`INSTANCE._adb-tls-connect._tcp`, AOSP `socket_spec.cpp`) and, as
     /// in adb (`client/transport_emulator.cpp` connect_device), is not
@@ -262,7 +273,7 @@ impl Registry {
             inner.add(TransportInfo::new(Kind::Tcp, serial.clone(), String::new()))
         };
         self.notify();
-        let (answer, device) = match Device::connect_unattended(&dial, &self.options).await {
+        let (answer, device) = match connect_device(&dial, &self.options).await {
             Ok(device) => (format!("connected to {serial}"), Some(Arc::new(device))),
             Err(Error::Unauthorized { .. }) => {
                 self.set_state(id, State::Unauthorized);
@@ -271,6 +282,17 @@ impl Registry {
             Err(error) => {
                 tracing::info!(%serial, %error, "connect failed");
                 self.remove(id);
+                // adb's words differ by socket type (AOSP `socket_spec.cpp`
+                // socket_spec_connect, `sysdeps/posix/network.cpp`); a vsock
+                // socket that connected but gave no device is connect_device's.
+                if dial.starts_with("vsock:") {
+                    return match error {
+                        Error::Connect { .. } => {
+                            format!("could not connect to vsock address '{dial}'")
+                        }
+                        _ => format!("failed to connect to {serial}"),
+                    };
+                }
                 return format!(
                     "failed to connect to '{serial}': {}",
                     error.cause_in_adb_words()
@@ -302,7 +324,23 @@ impl Registry {
         device: Option<Arc<Device>>,
         first_attempt_in: Duration,
     ) {
-        let monitor = tokio::spawn(monitor(self.clone(), id, reach, device, first_attempt_in));
+        let Some(retry_now) = self
+            .lock()
+            .entries
+            .iter()
+            .find(|e| e.info.id == id)
+            .map(|e| e.retry_now.clone())
+        else {
+            return;
+        };
+        let monitor = tokio::spawn(monitor(
+            self.clone(),
+            id,
+            reach,
+            device,
+            first_attempt_in,
+            retry_now,
+        ));
         match self.lock().entries.iter_mut().find(|e| e.info.id == id) {
             Some(entry) => entry.monitor = Some(monitor.abort_handle()),
             None => monitor.abort(),
@@ -391,6 +429,23 @@ impl Registry {
         )
     }
 
+    /// `host:reconnect-offline`: every transport that is not online is
+    /// tried again now rather than at its next attempt; the answer is
+    /// adb's, a `reconnecting SERIAL` line for each, newest first (AOSP
+    /// `adb.cpp` handle_host_request; `transport.cpp` keeps its list so),
+    /// without the last newline.
+    pub fn reconnect_offline(&self) -> String {
+        let inner = self.lock();
+        let mut lines = Vec::new();
+        for entry in inner.entries.iter().rev() {
+            if entry.info.state != State::Device {
+                entry.retry_now.notify_one();
+                lines.push(format!("reconnecting {}", entry.info.serial));
+            }
+        }
+        lines.join("\n")
+    }
+
     fn remove(&self, id: TransportId) {
         if let Some(entry) = self.take(id) {
             // Not `shut`: the monitor removing its own entry must finish.
@@ -458,6 +513,7 @@ async fn monitor(
     reach: Reach,
     mut device: Option<Arc<Device>>,
     first_attempt_in: Duration,
+    retry_now: Arc<Notify>,
 ) {
     let serial = reach.name().to_string();
     let mut attempts = 0;
@@ -492,7 +548,10 @@ async fn monitor(
             return;
         }
         attempts += 1;
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = retry_now.notified() => {}
+        }
         delay = RECONNECT_INTERVAL;
         if !registry.contains(id) {
             return;
@@ -534,6 +593,42 @@ async fn monitor(
     }
 }
 
+/// Connects the device of `serial`: `vsock:CID:PORT` over vsock, anything
+/// else over TCP (adb's connect_device: `vsock:` is the one other socket
+/// type a Linux server connects).
+async fn connect_device(serial: &str, options: &ConnectOptions) -> Result<Device, Error> {
+    if serial.starts_with("vsock:") {
+        Device::connect_vsock(serial, options, false).await
+    } else {
+        Device::connect_unattended(serial, options).await
+    }
+}
+
+/// `vsock:CID:PORT`'s serial, `vsock:CID:PORT` with both as numbers; `Err`
+/// is adb's answer to a spec it cannot use (AOSP `socket_spec.cpp`
+/// socket_spec_connect).
+fn vsock_serial(address: &str) -> Result<String, String> {
+    let fragments: Vec<&str> = address.split(':').collect();
+    if !(2..=3).contains(&fragments.len()) {
+        return Err(format!(
+            "expected vsock:cid or vsock:cid:port in '{address}'"
+        ));
+    }
+    let cid: u32 = fragments[1]
+        .parse()
+        .map_err(|_| format!("could not parse vsock cid in '{address}'"))?;
+    let port: u32 = match fragments.get(2) {
+        Some(port) => port
+            .parse()
+            .map_err(|_| format!("could not parse vsock port in '{address}'"))?,
+        None => 0,
+    };
+    if port == 0 {
+        return Err("vsock port was not provided.".to_string());
+    }
+    Ok(format!("vsock:{cid}:{port}"))
+}
+
 /// A stream the device opened (`adb reverse`): connected to the host end
 /// it names on this machine, as adb's server does, or refused.
 async fn serve_reverse(incoming: oxadb_io::Incoming) {
@@ -551,5 +646,32 @@ async fn serve_reverse(incoming: oxadb_io::Incoming) {
             tracing::debug!(service = incoming.service(), %error, "reverse connection refused here");
             incoming.refuse();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vsock_specs_as_adb_reads_them() {
+        assert_eq!(vsock_serial("vsock:3:5555"), Ok("vsock:3:5555".into()));
+        assert_eq!(vsock_serial("vsock:03:05555"), Ok("vsock:3:5555".into()));
+        assert_eq!(
+            vsock_serial("vsock:3"),
+            Err("vsock port was not provided.".into())
+        );
+        assert_eq!(
+            vsock_serial("vsock:x:1"),
+            Err("could not parse vsock cid in 'vsock:x:1'".into())
+        );
+        assert_eq!(
+            vsock_serial("vsock:1:y"),
+            Err("could not parse vsock port in 'vsock:1:y'".into())
+        );
+        assert_eq!(
+            vsock_serial("vsock:1:2:3"),
+            Err("expected vsock:cid or vsock:cid:port in 'vsock:1:2:3'".into())
+        );
     }
 }

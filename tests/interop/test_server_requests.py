@@ -198,7 +198,8 @@ def test_track_devices_proto_text_is_protobufs_text_format(ours, server, device)
 def test_server_status_says_what_this_server_is(server):
     status = AdbServerStatus.FromString(_okay_payload(_request(server.port, b"host:server-status")))
     enums = AdbServerStatus.DESCRIPTOR.enum_types_by_name
-    assert enums["UsbBackend"].values_by_number[status.usb_backend].name == "USB_DISABLED"
+    # USB watched through usbfs (no ADB_USB=0 for this server): adb's native backend.
+    assert enums["UsbBackend"].values_by_number[status.usb_backend].name == "NATIVE"
     # Browsing (no ADB_MDNS=0) with mdns-sd, a backend adb has no name for.
     assert enums["MdnsBackend"].values_by_number[status.mdns_backend].name == "UNKNOWN_MDNS"
     assert not status.usb_backend_forced and not status.mdns_backend_forced

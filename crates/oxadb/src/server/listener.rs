@@ -87,7 +87,8 @@ impl Server {
         let registry = Registry::new(config.connect.clone());
         let forwards = Forwards::new(registry.clone());
         let mdns = Discovery::start(registry.clone());
-        let status = super::status::server_status(&config.connect, mdns.is_on()).encode_to_vec();
+        let status =
+            super::status::server_status(&config.connect, config.usb, mdns.is_on()).encode_to_vec();
         Ok(Server {
             listener,
             access: config.access,

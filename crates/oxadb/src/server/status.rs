@@ -1,6 +1,7 @@
 //! `host:server-status`: what the server says of itself in adb's
 //! `AdbServerStatus` (AOSP `adb.cpp` handle_host_request), with what is
-//! true of this one: no USB served, mDNS by mdns-sd unless `ADB_MDNS=0`
+//! true of this one: USB through usbfs (nusb, adb's "native" backend)
+//! unless `ADB_USB=0`, mDNS by mdns-sd unless `ADB_MDNS=0`
 //! (docs/server.md), oxadb's version, this executable, where its log goes,
 //! the keys it offers and the devices it paired with.
 
@@ -9,12 +10,16 @@ use std::path::PathBuf;
 use super::proto::{AdbServerStatus, MdnsBackend, UsbBackend};
 use crate::ConnectOptions;
 
-/// The status of a server that connects devices with `connect` and whose
-/// mDNS discovery runs or not.
-pub fn server_status(connect: &ConnectOptions, mdns_on: bool) -> AdbServerStatus {
+/// The status of a server that connects devices with `connect`, whose USB
+/// watcher and mDNS discovery run or not.
+pub fn server_status(connect: &ConnectOptions, usb_on: bool, mdns_on: bool) -> AdbServerStatus {
     let version = env!("CARGO_PKG_VERSION");
     AdbServerStatus {
-        usb_backend: UsbBackend::UsbDisabled as i32,
+        usb_backend: if usb_on {
+            UsbBackend::Native
+        } else {
+            UsbBackend::UsbDisabled
+        } as i32,
         usb_backend_forced: false,
         // mdns-sd is none of the backends adb names.
         mdns_backend: if mdns_on {
@@ -70,7 +75,7 @@ mod tests {
 
     #[test]
     fn status_says_what_this_server_is() {
-        let status = server_status(&ConnectOptions::default(), false);
+        let status = server_status(&ConnectOptions::default(), false, false);
         assert_eq!(status.usb_backend, UsbBackend::UsbDisabled as i32);
         assert_eq!(status.mdns_backend, MdnsBackend::MdnsDisabled as i32);
         assert_eq!(status.version, env!("CARGO_PKG_VERSION"));
@@ -86,8 +91,12 @@ mod tests {
             credit: crate::CreditMode::Classic,
             ..ConnectOptions::default()
         };
-        assert_eq!(server_status(&classic, false).burst_mode, Some(false));
-        let browsing = server_status(&ConnectOptions::default(), true);
+        assert_eq!(
+            server_status(&classic, false, false).burst_mode,
+            Some(false)
+        );
+        let browsing = server_status(&ConnectOptions::default(), true, true);
+        assert_eq!(browsing.usb_backend, UsbBackend::Native as i32);
         assert_eq!(browsing.mdns_backend, MdnsBackend::UnknownMdns as i32);
         assert_eq!(browsing.mdns_enabled, Some(true));
     }

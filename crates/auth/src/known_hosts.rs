@@ -154,6 +154,19 @@ mod tests {
     }
 
     #[test]
+    fn a_file_adb_wrote_is_rewritten_byte_for_byte() {
+        // Two HostInfos as adb (and oxadb's earlier hand-written encoder)
+        // write them, the second GUID long enough for a two-byte length.
+        let long = "adb-".to_string() + &"y".repeat(196);
+        let mut file = b"\x0a\x11\x0a\x0fadb-test-0xpair".to_vec();
+        file.extend_from_slice(b"\x0a\xcb\x01\x0a\xc8\x01");
+        file.extend_from_slice(long.as_bytes());
+        let guids = decode(&file).unwrap();
+        assert_eq!(guids, vec!["adb-test-0xpair".to_string(), long]);
+        assert_eq!(encode(&guids), file);
+    }
+
+    #[test]
     fn added_guids_are_known_by_prefix_and_kept_once() {
         let dir = tempfile::tempdir().unwrap();
         let hosts = KnownHosts::at(dir.path().join("sub").join(KNOWN_HOSTS_FILE));

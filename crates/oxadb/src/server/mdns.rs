@@ -356,6 +356,8 @@ pub fn services_text(services: &[Service]) -> String {
 /// `proto/adb_host.proto`, `client/mdns_tracker.cpp` list_mdns_services):
 /// `_adb._tcp` services in field 1, TLS connect ones in 2 (with
 /// `known_device`), pairing ones in 3, each wrapping an `MdnsService`.
+/// As adb's C++ protobuf writes it: fields in number order (all `_adb._tcp`
+/// services first), empty strings, zero and false left out.
 pub fn services_proto(services: &[Service], known: &dyn Fn(&str) -> bool) -> Vec<u8> {
     let mut message = proto::MdnsServices::default();
     for s in services {

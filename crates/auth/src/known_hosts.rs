@@ -5,14 +5,28 @@
 //! `_adb-tls-connect._tcp` service, whose instance name is that GUID.
 //!
 //! The file is the protobuf `AdbKnownHosts { repeated HostInfo host_infos
-//! = 1; }` with `HostInfo { string guid = 1; }`: two nested length-delimited
-//! fields (`oxadb_wire::protobuf`), so that adb and oxadb share one file.
+//! = 1; }` with `HostInfo { string guid = 1; }`, as prost structs, so that
+//! adb and oxadb share one file.
 
 use std::path::{Path, PathBuf};
 
-use oxadb_wire::protobuf;
+use prost::Message as _;
 
 use crate::error::KeyError;
+
+/// AOSP `proto/adb_known_hosts.proto` AdbKnownHosts.
+#[derive(Clone, PartialEq, prost::Message)]
+struct AdbKnownHosts {
+    #[prost(message, repeated, tag = "1")]
+    host_infos: Vec<HostInfo>,
+}
+
+/// AOSP `proto/adb_known_hosts.proto` HostInfo.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HostInfo {
+    #[prost(string, tag = "1")]
+    guid: String,
+}
 
 /// The file's name in `~/.android`.
 pub const KNOWN_HOSTS_FILE: &str = "adb_known_hosts.pb";
@@ -106,35 +120,19 @@ impl KnownHosts {
 }
 
 fn encode(guids: &[String]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for guid in guids {
-        let mut host_info = Vec::new();
-        protobuf::put_bytes(&mut host_info, 1, guid.as_bytes());
-        protobuf::put_bytes(&mut out, 1, &host_info);
+    AdbKnownHosts {
+        host_infos: guids
+            .iter()
+            .map(|guid| HostInfo { guid: guid.clone() })
+            .collect(),
     }
-    out
+    .encode_to_vec()
 }
 
+/// proto3: a HostInfo without the field has the empty GUID.
 fn decode(bytes: &[u8]) -> Result<Vec<String>, String> {
-    let mut guids = Vec::new();
-    for (field, value) in protobuf::fields(bytes)? {
-        if field != 1 {
-            continue;
-        }
-        let Some(host_info) = value else {
-            return Err("host_infos is not a message".into());
-        };
-        // proto3: a HostInfo without the field has the empty GUID.
-        let mut guid = String::new();
-        for (field, value) in protobuf::fields(host_info)? {
-            if field == 1 {
-                let bytes = value.ok_or("guid is not a string")?;
-                guid = String::from_utf8(bytes.to_vec()).map_err(|_| "guid is not UTF-8")?;
-            }
-        }
-        guids.push(guid);
-    }
-    Ok(guids)
+    let hosts = AdbKnownHosts::decode(bytes).map_err(|e| e.to_string())?;
+    Ok(hosts.host_infos.into_iter().map(|h| h.guid).collect())
 }
 
 #[cfg(test)]
@@ -153,6 +151,19 @@ mod tests {
         with_unknown.extend(encode(std::slice::from_ref(&long)));
         assert_eq!(decode(&with_unknown).unwrap(), vec![long]);
         assert!(decode(b"\x0a\x05\x0a").is_err());
+    }
+
+    #[test]
+    fn a_file_adb_wrote_is_rewritten_byte_for_byte() {
+        // Two HostInfos as adb (and oxadb's earlier hand-written encoder)
+        // write them, the second GUID long enough for a two-byte length.
+        let long = "adb-".to_string() + &"y".repeat(196);
+        let mut file = b"\x0a\x11\x0a\x0fadb-test-0xpair".to_vec();
+        file.extend_from_slice(b"\x0a\xcb\x01\x0a\xc8\x01");
+        file.extend_from_slice(long.as_bytes());
+        let guids = decode(&file).unwrap();
+        assert_eq!(guids, vec!["adb-test-0xpair".to_string(), long]);
+        assert_eq!(encode(&guids), file);
     }
 
     #[test]

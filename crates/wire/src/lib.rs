@@ -10,7 +10,6 @@ pub mod compression;
 pub mod mdns;
 pub mod packet;
 pub mod payload;
-pub mod protobuf;
 pub mod service;
 pub mod shell;
 pub mod smart_socket;

@@ -21,9 +21,10 @@ use oxadb_auth::KnownHosts;
 use oxadb_wire::mdns::{
     short_type, InstanceName, SERVICES, SERVICE_TCP, SERVICE_TLS_CONNECT, SERVICE_TLS_PAIRING,
 };
-use oxadb_wire::protobuf;
+use prost::Message as _;
 use tokio::sync::watch;
 
+use super::proto;
 use super::registry::Registry;
 
 /// What `mdns:check` answers with discovery off (AOSP mdns_check).
@@ -355,48 +356,44 @@ pub fn services_text(services: &[Service]) -> String {
 /// `proto/adb_host.proto`, `client/mdns_tracker.cpp` list_mdns_services):
 /// `_adb._tcp` services in field 1, TLS connect ones in 2 (with
 /// `known_device`), pairing ones in 3, each wrapping an `MdnsService`.
+/// As adb's C++ protobuf writes it: fields in number order (all `_adb._tcp`
+/// services first), empty strings, zero and false left out.
 pub fn services_proto(services: &[Service], known: &dyn Fn(&str) -> bool) -> Vec<u8> {
-    let mut out = Vec::new();
+    let mut message = proto::MdnsServices::default();
     for s in services {
-        let (field, tls) = match s.service.as_str() {
-            t if t == short_type(SERVICE_TCP) => (1, false),
-            t if t == short_type(SERVICE_TLS_CONNECT) => (2, true),
-            t if t == short_type(SERVICE_TLS_PAIRING) => (3, false),
-            _ => continue,
-        };
-        let mut service = Vec::new();
-        protobuf::put_bytes(&mut service, 1, s.instance.as_bytes());
-        protobuf::put_bytes(&mut service, 2, s.service.as_bytes());
-        if let Some(ip) = s.v4 {
-            protobuf::put_bytes(&mut service, 4, ip.to_string().as_bytes());
+        let txt = |key: &str| s.txt.get(key).cloned().unwrap_or_default();
+        let service = Some(proto::MdnsService {
+            instance_name: s.instance.clone(),
+            service_name: s.service.clone(),
+            ipv4: s.v4.map(|ip| ip.to_string()).unwrap_or_default(),
+            ipv6: s.v6.iter().map(ToString::to_string).collect(),
+            port: u32::from(s.port),
+            product_model: txt("name"),
+            build_version_sdk_full: txt("api"),
+            given_name: txt("given_name"),
+            serial: txt("serial"),
+            mdns_version: s.txt.get("v").cloned().unwrap_or_else(|| "1".into()),
+            hostname: s.hostname.clone(),
+        });
+        match s.service.as_str() {
+            t if t == short_type(SERVICE_TCP) => {
+                message.services.push(proto::AdbService { service })
+            }
+            t if t == short_type(SERVICE_TLS_CONNECT) => {
+                message
+                    .tls_connect_services
+                    .push(proto::AdbSecureConnectService {
+                        service,
+                        known_device: known(&s.instance),
+                    })
+            }
+            t if t == short_type(SERVICE_TLS_PAIRING) => message
+                .pairing_services
+                .push(proto::AdbSecurePairingService { service }),
+            _ => {}
         }
-        for ip in &s.v6 {
-            protobuf::put_bytes(&mut service, 5, ip.to_string().as_bytes());
-        }
-        protobuf::put_uint(&mut service, 6, u64::from(s.port));
-        let txt = |key: &str| s.txt.get(key).map(String::as_bytes);
-        if let Some(model) = txt("name") {
-            protobuf::put_bytes(&mut service, 7, model);
-        }
-        if let Some(api) = txt("api") {
-            protobuf::put_bytes(&mut service, 8, api);
-        }
-        if let Some(given) = txt("given_name") {
-            protobuf::put_bytes(&mut service, 9, given);
-        }
-        if let Some(serial) = txt("serial") {
-            protobuf::put_bytes(&mut service, 10, serial);
-        }
-        protobuf::put_bytes(&mut service, 11, txt("v").unwrap_or(b"1"));
-        protobuf::put_bytes(&mut service, 12, s.hostname.as_bytes());
-        let mut wrapper = Vec::new();
-        protobuf::put_bytes(&mut wrapper, 1, &service);
-        if tls && known(&s.instance) {
-            protobuf::put_uint(&mut wrapper, 2, 1);
-        }
-        protobuf::put_bytes(&mut out, field, &wrapper);
     }
-    out
+    message.encode_to_vec()
 }
 
 #[cfg(test)]
@@ -441,29 +438,34 @@ mod tests {
             service("adb-S-abc123", "_adb-tls-pairing._tcp", "198.18.0.1", 37000),
         ];
         let bytes = services_proto(&list, &|instance| instance == "adb-S-abc123");
-        let top = protobuf::fields(&bytes).unwrap();
-        assert_eq!(top.iter().map(|(f, _)| *f).collect::<Vec<_>>(), vec![2, 3]);
-        let tls = protobuf::fields(top[0].1.unwrap()).unwrap();
-        // The service, then known_device = true.
-        assert_eq!(tls[1], (2, None));
-        let inner = protobuf::fields(tls[0].1.unwrap()).unwrap();
-        let text = |n: u64| {
-            inner
-                .iter()
-                .find(|(f, _)| *f == n)
-                .and_then(|(_, v)| *v)
-                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+        // Byte for byte what adb writes (fields in number order, proto3
+        // defaults left out): field 2 then field 3, each wrapping a service.
+        let golden = [
+            &b"\x12T\x0aP\x0a\x0cadb-S-abc123\x12\x15_adb-tls-connect._tcp\x22\x0a198.18.0.10\xb3+:\x05BoardB\x0231Z\x011b\x0cboard.local.\x10\x01"[..],
+            &b"\x1aS\x0aQ\x0a\x0cadb-S-abc123\x12\x15_adb-tls-pairing._tcp\x22\x0a198.18.0.10\x88\xa1\x02:\x05BoardB\x0231Z\x011b\x0cboard.local."[..],
+        ]
+        .concat();
+        assert_eq!(bytes, golden);
+        let message = proto::MdnsServices::decode(bytes.as_slice()).unwrap();
+        assert!(message.services.is_empty());
+        let [tls] = message.tls_connect_services.as_slice() else {
+            panic!("one TLS connect service: {message:?}");
         };
-        assert_eq!(text(1).unwrap(), "adb-S-abc123");
-        assert_eq!(text(2).unwrap(), "_adb-tls-connect._tcp");
-        assert_eq!(text(4).unwrap(), "198.18.0.1");
-        assert_eq!(text(7).unwrap(), "Board");
-        assert_eq!(text(8).unwrap(), "31");
-        assert_eq!(text(11).unwrap(), "1");
-        assert_eq!(text(12).unwrap(), "board.local.");
+        assert!(tls.known_device);
+        let inner = tls.service.as_ref().unwrap();
+        assert_eq!(inner.instance_name, "adb-S-abc123");
+        assert_eq!(inner.service_name, "_adb-tls-connect._tcp");
+        assert_eq!(inner.ipv4, "198.18.0.1");
+        assert_eq!(inner.port, 5555);
+        assert_eq!(inner.product_model, "Board");
+        assert_eq!(inner.build_version_sdk_full, "31");
+        assert_eq!(inner.mdns_version, "1");
+        assert_eq!(inner.hostname, "board.local.");
         // A pairing service has no known_device.
-        let pair = protobuf::fields(top[1].1.unwrap()).unwrap();
-        assert_eq!(pair.len(), 1);
+        let [pair] = message.pairing_services.as_slice() else {
+            panic!("one pairing service: {message:?}");
+        };
+        assert_eq!(pair.service.as_ref().unwrap().port, 37000);
     }
 
     #[test]

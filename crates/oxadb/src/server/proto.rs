@@ -1,7 +1,7 @@
 //! adb's host protobuf messages (AOSP `proto/adb_host.proto`, package
 //! `adb.proto`), as prost structs: the device list of
-//! `host:track-devices-proto-binary` / `-proto-text` and the answer to
-//! `host:server-status`. Field numbers and enum values are adb's, so
+//! `host:track-devices-proto-binary` / `-proto-text`, the answer to
+//! `host:server-status` and `track-mdns-services`' `MdnsServices`. Field numbers and enum values are adb's, so
 //! adb's clients (Android Studio's ddmlib, `adb server-status`) parse
 //! them; [`devices_text`] prints the list as protobuf's text format does
 //! (what `-proto-text` sends).
@@ -147,6 +147,68 @@ pub struct AdbServerStatus {
     pub keystore_path: Option<String>,
     #[prost(string, optional, tag = "14")]
     pub known_hosts_path: Option<String>,
+}
+
+/// One mDNS service as `track-mdns-services` reports it; the strings
+/// after the port are the service's TXT values (AOSP
+/// `client/mdns_tracker.cpp`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MdnsService {
+    #[prost(string, tag = "1")]
+    pub instance_name: String,
+    #[prost(string, tag = "2")]
+    pub service_name: String,
+    #[prost(string, tag = "4")]
+    pub ipv4: String,
+    #[prost(string, repeated, tag = "5")]
+    pub ipv6: Vec<String>,
+    #[prost(uint32, tag = "6")]
+    pub port: u32,
+    #[prost(string, tag = "7")]
+    pub product_model: String,
+    #[prost(string, tag = "8")]
+    pub build_version_sdk_full: String,
+    #[prost(string, tag = "9")]
+    pub given_name: String,
+    #[prost(string, tag = "10")]
+    pub serial: String,
+    #[prost(string, tag = "11")]
+    pub mdns_version: String,
+    #[prost(string, tag = "12")]
+    pub hostname: String,
+}
+
+/// A `_adb._tcp` service.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AdbService {
+    #[prost(message, optional, tag = "1")]
+    pub service: Option<MdnsService>,
+}
+
+/// A `_adb-tls-connect._tcp` service, and whether this host paired with it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AdbSecureConnectService {
+    #[prost(message, optional, tag = "1")]
+    pub service: Option<MdnsService>,
+    #[prost(bool, tag = "2")]
+    pub known_device: bool,
+}
+
+/// A `_adb-tls-pairing._tcp` service.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AdbSecurePairingService {
+    #[prost(message, optional, tag = "1")]
+    pub service: Option<MdnsService>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MdnsServices {
+    #[prost(message, repeated, tag = "1")]
+    pub services: Vec<AdbService>,
+    #[prost(message, repeated, tag = "2")]
+    pub tls_connect_services: Vec<AdbSecureConnectService>,
+    #[prost(message, repeated, tag = "3")]
+    pub pairing_services: Vec<AdbSecurePairingService>,
 }
 
 /// `devices` in protobuf's text format, as adb's server sends it for

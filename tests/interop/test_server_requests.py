@@ -159,7 +159,7 @@ def test_track_devices_proto_binary_is_adbs_devices_message(ours, server, device
                 "device": d.device} == _banner_fields(ours, device.serial)
         assert (d.bus_address, d.negotiated_speed, d.max_speed) == ("", 0, 0)
         # A change sends the whole list again, in adb's order (by serial).
-        other = fresh_daemon("second").start()
+        other = fresh_daemon("second")  # started, and stopped at teardown
         assert ours("connect", other.serial).out.strip() == f"connected to {other.serial}"
         try:
             deadline = time.monotonic() + 20
@@ -269,7 +269,7 @@ def _wait_state(client: Client, serial: str, want: str, timeout: float = 20.0) -
 
 def test_reconnect_offline_answers_as_googles_and_reconnects_now(ours34, google34,
                                                                  fresh_daemon):
-    d = fresh_daemon("offline").start()
+    d = fresh_daemon("offline")  # started, and stopped at teardown
     google34.connect(d.serial)
     theirs_client = Client(google34.adb, google34.port, google34.home)
     assert ours34("connect", d.serial).out.strip() == f"connected to {d.serial}"

@@ -34,18 +34,10 @@ from pathlib import Path
 import pytest
 
 from echo import EchoServer, roundtrip
-from harness import (AdbResult, AdbServer, Daemon, clean_env, free_port, resolve_oxadb,
+from harness import (AdbResult, AdbServer, clean_env, free_port, resolve_oxadb,
                      sha256_file, write_random)
 from test_adb34 import adb34_bin  # noqa: F401 (the fixture: adb 34, or a loud failure)
-from test_server import OxadbServer, _request
-
-
-@pytest.fixture(scope="module")
-def device(oxadbd_bin, tmp_path_factory):
-    d = Daemon(oxadbd_bin, tmp_path_factory.mktemp("oxadbd"))
-    d.start()
-    yield d
-    d.stop()
+from test_server import OxadbServer, _request, device  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # What the in-VM USB scripts share (sourced, not run): the dummy_hcd speed
 # switch, a fork-free file read, and the loop that runs each speed and sums
-# up. The sourcing script defines `die`, `run_speed SPEED` and
+# up, and the checks that print `ok:` or `FAILED:` lines. The sourcing
+# script sets OK=1 and LIMIT (seconds per command), and defines `die`,
+# `run_speed SPEED` and
 # `cleanup_speed`, and may define `after_failed_speed SPEED` (extra output
 # after a speed failed).
 
@@ -55,3 +57,30 @@ run_speeds() {
         exit 1
     fi
 }
+
+# pass WHAT / fail WHAT: one check's line; a failure clears OK.
+pass() { echo "  ok: $*"; }
+fail() {
+    echo "  FAILED: $*"
+    OK=0
+}
+
+# expect_output WHAT EXPECTED COMMAND...: the command's output (stdout and
+# stderr) must be EXPECTED, within LIMIT seconds.
+expect_output() {
+    local what="$1" expected="$2" got
+    shift 2
+    got="$(timeout "$LIMIT" "$@" 2>&1)"
+    if [ "$got" = "$expected" ]; then pass "$what"; else fail "$what: got '${got}'"; fi
+}
+
+# expect_status WHAT STATUS COMMAND...: the command's exit status.
+expect_status() {
+    local what="$1" expected="$2" rc
+    shift 2
+    timeout "$LIMIT" "$@" >/dev/null 2>&1
+    rc=$?
+    if [ "$rc" = "$expected" ]; then pass "$what (exit ${rc})"; else fail "$what: exit ${rc}, expected ${expected}"; fi
+}
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }

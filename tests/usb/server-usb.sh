@@ -90,30 +90,6 @@ cleanup_speed() {
 }
 
 OK=1
-pass() { echo "  ok: $*"; }
-fail() {
-    echo "  FAILED: $*"
-    OK=0
-}
-
-# expect_output WHAT EXPECTED COMMAND...: the command's output must be EXPECTED.
-expect_output() {
-    local what="$1" expected="$2" got
-    shift 2
-    got="$(timeout "$LIMIT" "$@" 2>&1)"
-    if [ "$got" = "$expected" ]; then pass "$what"; else fail "$what: got '${got}'"; fi
-}
-
-# expect_status WHAT STATUS COMMAND...
-expect_status() {
-    local what="$1" expected="$2" rc
-    shift 2
-    timeout "$LIMIT" "$@" >/dev/null 2>&1
-    rc=$?
-    if [ "$rc" = "$expected" ]; then pass "$what (exit ${rc})"; else fail "$what: exit ${rc}, expected ${expected}"; fi
-}
-
-sha() { sha256sum "$1" | cut -d' ' -f1; }
 
 now_us() { REPLY="${EPOCHREALTIME/./}"; }
 

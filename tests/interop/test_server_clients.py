@@ -99,6 +99,30 @@ def _wait_state(client: adbutils.AdbClient, serial: str, want: str | None,
         time.sleep(0.1)
 
 
+def _state_waiter(items: queue.Queue, state_of, serial: str, history: list[str]):
+    """`until(states, timeout)`: takes tracker events from `items` until
+    `serial`'s state (`state_of(event)`, None for an event about another
+    device) is one of `states`, recording each state in `history`."""
+
+    def until(states: set[str], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{serial} never reached {states}: {history}"
+            try:
+                item = items.get(timeout=left)
+            except queue.Empty:
+                continue
+            state = state_of(item)
+            if state is None:
+                continue
+            history.append(state)
+            if state in states:
+                return
+
+    return until
+
+
 def _outage(served: Served, until) -> None:
     """Stops the device and starts it again on the same port. Our server
     says `offline` at once, so `until` waits for it before the restart;
@@ -154,20 +178,13 @@ def test_adbutils_track_devices_across_a_restart(au, served):
     threading.Thread(target=track, daemon=True).start()
     history: list[str] = []
 
-    def until(states: set[str], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{serial} never reached {states}: {history}"
-            try:
-                event = events.get(timeout=left)
-            except queue.Empty:
-                continue
-            assert not isinstance(event, Exception), (event, history)
-            if event.serial == serial:
-                history.append(event.status if event.present else "absent")
-                if history[-1] in states:
-                    return
+    def state_of(event) -> str | None:
+        assert not isinstance(event, Exception), (event, history)
+        if event.serial != serial:
+            return None
+        return event.status if event.present else "absent"
+
+    until = _state_waiter(events, state_of, serial, history)
 
     until({"device"})
     _outage(served, until)
@@ -272,21 +289,12 @@ def test_tango_track_devices_across_a_restart(node, served):
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     history: list[str] = []
 
-    def until(states: set[str], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{serial} never reached {states}: {history}"
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            listed = json.loads(line)
-            assert isinstance(listed, list), listed
-            state = next((d["state"] for d in listed if d["serial"] == serial), "absent")
-            history.append(state)
-            if state in states:
-                return
+    def state_of(line) -> str:
+        listed = json.loads(line)
+        assert isinstance(listed, list), listed
+        return next((d["state"] for d in listed if d["serial"] == serial), "absent")
+
+    until = _state_waiter(lines, state_of, serial, history)
 
     try:
         until({"device"})

@@ -267,9 +267,13 @@ fn main() -> ExitCode {
     // (docs/benchmarks.md has the measurements).
     // A server is another matter: its clients and devices move bytes at
     // the same time, so it gets a worker per core.
-    let mut builder = if matches!(args.command, Command::Server(_)) && server_threads() > 1 {
+    let workers = match args.command {
+        Command::Server(_) => server_threads(),
+        _ => 1,
+    };
+    let mut builder = if workers > 1 {
         let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(server_threads());
+        builder.worker_threads(workers);
         builder
     } else {
         tokio::runtime::Builder::new_current_thread()
@@ -581,6 +585,7 @@ async fn on_device(
     Ok(Some(code))
 }
 
+/// `OXADB_SERVER_THREADS`, else one worker per core.
 fn server_threads() -> usize {
     std::env::var("OXADB_SERVER_THREADS")
         .ok()

@@ -43,6 +43,7 @@ mod driver;
 pub mod error_line;
 pub mod peer;
 pub mod peer_owner;
+pub mod pipe_range;
 pub mod process;
 mod refill;
 pub mod sink;

@@ -152,6 +152,13 @@ impl AdbStream {
         self.queue_payload(Payload::from(data)).await
     }
 
+    /// [`AdbStream::send`] for a payload that may hold file or pipe ranges
+    /// (only where [`WriteChunk::takes_file_ranges`] says the writer sends
+    /// them itself).
+    pub async fn send_payload(&self, data: Payload) -> io::Result<()> {
+        self.queue_payload(data).await
+    }
+
     /// Closes the stream once what was queued has been sent (CLSE follows
     /// the data); reads end too.
     pub fn close(&self) {

@@ -7,6 +7,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::BorrowedFd;
 
 use rustix::net::{SendAncillaryBuffer, SendFlags};
+use rustix::pipe::SpliceFlags;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
@@ -19,7 +20,8 @@ const MAX_IOVECS: usize = 512;
 
 /// A [`PacketSink`] over a TCP socket: a batch goes out in as few writev
 /// calls as the socket takes, and a full socket is retried on a timer as
-/// well as on readiness. File ranges in payloads go by `sendfile`, the
+/// well as on readiness. File ranges in payloads go by `sendfile` (or
+/// `splice` from a relay's pipe, `pipe_range`), the
 /// bytes around them by `sendmsg` with `MSG_MORE` so that a header and the
 /// file data after it share segments (tcp(7): with Nagle off, a send
 /// without it pushes a segment at once).
@@ -34,6 +36,8 @@ pub struct TcpSink {
 struct FileCounts {
     /// File bytes sent by `sendfile`.
     by_sendfile: u64,
+    /// Relayed bytes spliced from pipes (`pipe_range`).
+    by_splice: u64,
     /// Files whose ranges `sendfile` refused and which were read instead.
     fallbacks: u64,
 }
@@ -76,6 +80,27 @@ fn write_once(
                 range,
                 skip,
             } => {
+                if let Some(pipe) = range.source.pipe_fd() {
+                    // The pipe holds the range's bytes (`pipe_range`); a full
+                    // socket gives EAGAIN (it is non-blocking), as sendmsg does.
+                    let left = range.len - skip;
+                    return match rustix::pipe::splice(
+                        pipe,
+                        None,
+                        socket,
+                        None,
+                        left,
+                        SpliceFlags::empty(),
+                    ) {
+                        Ok(0) => Err(range.source.shrank(range.offset + range.len as u64)),
+                        Ok(n) => {
+                            range.source.sent(n as u64);
+                            counts.by_splice += n as u64;
+                            Ok(n)
+                        }
+                        Err(error) => Err(error.into()),
+                    };
+                }
                 let Some(file) = range.source.sendfile_fd() else {
                     // The copying path for the rest of this file.
                     batch[packet].payload.read_in()?;
@@ -201,6 +226,7 @@ impl PacketSink for TcpSink {
     async fn shutdown(&mut self) {
         tracing::debug!(
             sendfile_bytes = self.counts.by_sendfile,
+            spliced_bytes = self.counts.by_splice,
             sendfile_fallbacks = self.counts.fallbacks,
             "tcp connection's file data"
         );
@@ -437,5 +463,63 @@ mod tests {
                 "by sendfile {by_sendfile}: {message}"
             );
         }
+    }
+
+    /// Socket bytes spliced into pipes (`pipe_range`) go out by splice from
+    /// the pipes: split across packets, between in-memory packets, through a
+    /// small send buffer that stops part way; what arrives is the headers
+    /// and the socket's bytes in order, each once.
+    #[tokio::test]
+    async fn pipe_ranges_are_spliced_in_order() {
+        use std::io::Write;
+        let data: Vec<u8> = (0..700_000u32).map(|i| (i * 13 + i / 977) as u8).collect();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut source = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (relayed, _) = listener.accept().unwrap();
+        relayed.set_nonblocking(true).unwrap();
+        source.write_all(&data).unwrap();
+        drop(source);
+
+        let pool = crate::pipe_range::PipePool::new();
+        let mut ranges = Payload::default();
+        loop {
+            match pool.splice_from(std::os::fd::AsFd::as_fd(&relayed)) {
+                Ok(Some(range)) => ranges.push(Part::File(range)),
+                Ok(None) => break,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+        assert_eq!(ranges.len(), data.len());
+
+        let mut batch = Vec::new();
+        let mut expected = Vec::new();
+        for (i, size) in [1usize, 65_536, 300_000, 1, 334_462]
+            .into_iter()
+            .enumerate()
+        {
+            let header = [i as u8; HEADER_LEN];
+            expected.extend_from_slice(&header);
+            let part = ranges.split_to(size);
+            let start = data.len() - ranges.len() - size;
+            expected.extend_from_slice(&data[start..start + size]);
+            batch.push(OutgoingPacket {
+                header,
+                payload: part,
+            });
+            let header = [0xee; HEADER_LEN];
+            expected.extend_from_slice(&header);
+            expected.extend_from_slice(b"between");
+            batch.push(OutgoingPacket {
+                header,
+                payload: Bytes::from_static(b"between").into(),
+            });
+        }
+        assert!(ranges.is_empty());
+        let received = through(TcpSink::new, batch).await;
+        assert_eq!(received.len(), expected.len());
+        assert!(received == expected, "bytes differ from what was spliced");
     }
 }

@@ -4,18 +4,23 @@
 //! adb host server's clients, its forwards, `oxadb forward` and the streams
 //! a device opens for `adb reverse`.
 //!
-//! Each direction copies its bytes once, at the socket (the kernel copies
-//! into or out of user memory; nothing can avoid that for a TCP or Unix
-//! socket): what the device sent is written to the socket from the chunk the
-//! engine received it in, and what the socket gives is read into a chunk
-//! that becomes the WRTE payload itself.
+//! Each direction copies its bytes once, at the socket, where it must: what
+//! the device sent is written to the socket from the chunk the engine
+//! received it in, and what the socket gives is read into a chunk that
+//! becomes the WRTE payload itself. A TCP socket relayed to a device on a
+//! plaintext TCP connection ([`relay_tcp`]) does better towards the device:
+//! its bytes are spliced through a pipe (`oxadb_io::pipe_range`) and never
+//! enter this process.
 
 use std::io;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use oxadb_io::AdbStream;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use oxadb_io::pipe_range::PipePool;
+use oxadb_io::{AdbStream, WriteChunk};
+use oxadb_wire::{Part, Payload};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::TcpStream;
 
 /// Bytes taken at a time in each direction: a sync `DATA` frame (64 KiB)
 /// and more, so a push or pull moves in large pieces and a WRTE payload is
@@ -28,14 +33,6 @@ const REFILL_BELOW: usize = 64 * 1024;
 /// How long a socket whose device ended may stay silent before it is
 /// dropped; while it still sends, what it sends is read and discarded.
 const DRAIN_IDLE: Duration = Duration::from_secs(5);
-
-/// How the socket-to-device direction ended.
-enum ToDevice {
-    /// The socket reached its end or failed: the relay is over.
-    SocketEnded(io::Result<u64>),
-    /// The device closed the stream while the socket still sent.
-    DeviceClosed,
-}
 
 /// Relays until either side ends, then closes both: the device stream once
 /// what was written to it has been sent, the socket when dropped. A device
@@ -51,8 +48,111 @@ pub async fn relay<S>(socket: S, stream: AdbStream) -> io::Result<(u64, u64)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let (read, write) = tokio::io::split(socket);
+    run(Copying::new(read), write, stream).await
+}
+
+/// [`relay`] for a TCP socket: where the device's writer sends ranges
+/// itself (plaintext TCP, no checksums), what the socket sends is spliced
+/// to the device through pipes; otherwise it is copied as by [`relay`].
+pub async fn relay_tcp(socket: &mut TcpStream, stream: AdbStream) -> io::Result<(u64, u64)> {
+    if !stream.takes_file_ranges() {
+        return relay(socket, stream).await;
+    }
+    let (read, write) = socket.split();
+    let splicing = Splicing {
+        read,
+        pipes: PipePool::new(),
+    };
+    run(splicing, write, stream).await
+}
+
+/// Where the socket-to-device direction gets its payloads.
+trait SocketSource: Send {
+    /// What the socket sent next, as a WRTE payload; `None` at its end.
+    async fn next_payload(&mut self) -> io::Result<Option<Payload>>;
+
+    /// The socket's reading half, to drain it once the device is gone.
+    fn reader(&mut self) -> &mut (dyn AsyncRead + Unpin + Send);
+}
+
+/// Reads into memory: any byte stream.
+struct Copying<R> {
+    read: R,
+    buffer: BytesMut,
+}
+
+impl<R> Copying<R> {
+    fn new(read: R) -> Copying<R> {
+        Copying {
+            read,
+            buffer: BytesMut::new(),
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin + Send> SocketSource for Copying<R> {
+    async fn next_payload(&mut self) -> io::Result<Option<Payload>> {
+        // The engine keeps each payload until its WRTE is sent, so what was
+        // handed on is never written again: the next read goes into what is
+        // left of the allocation, or a fresh one once that is small (a
+        // keystroke does not cost 256 KiB).
+        if self.buffer.capacity() < REFILL_BELOW {
+            self.buffer.reserve(CHUNK);
+        }
+        match self.read.read_buf(&mut self.buffer).await? {
+            0 => Ok(None),
+            _ => Ok(Some(Payload::from(self.buffer.split().freeze()))),
+        }
+    }
+
+    fn reader(&mut self) -> &mut (dyn AsyncRead + Unpin + Send) {
+        &mut self.read
+    }
+}
+
+/// Splices a TCP socket's bytes into pipes, each queued as a range.
+struct Splicing<'a> {
+    read: tokio::net::tcp::ReadHalf<'a>,
+    pipes: std::sync::Arc<PipePool>,
+}
+
+impl SocketSource for Splicing<'_> {
+    async fn next_payload(&mut self) -> io::Result<Option<Payload>> {
+        let socket: &TcpStream = self.read.as_ref();
+        loop {
+            socket.readable().await?;
+            let spliced = socket.try_io(Interest::READABLE, || {
+                use std::os::fd::AsFd;
+                self.pipes.splice_from(socket.as_fd())
+            });
+            match spliced {
+                Ok(range) => return Ok(range.map(|range| Payload::from(Part::File(range)))),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    fn reader(&mut self) -> &mut (dyn AsyncRead + Unpin + Send) {
+        &mut self.read
+    }
+}
+
+/// How the socket-to-device direction ended.
+enum ToDevice {
+    /// The socket reached its end or failed: the relay is over.
+    SocketEnded(io::Result<u64>),
+    /// The device closed the stream while the socket still sent.
+    DeviceClosed,
+}
+
+async fn run<R, W>(mut source: R, mut client_write: W, stream: AdbStream) -> io::Result<(u64, u64)>
+where
+    R: SocketSource,
+    W: AsyncWrite + Unpin + Send,
+{
     let device = &stream;
-    let (mut client_read, mut client_write) = tokio::io::split(socket);
     let ended = {
         let to_client = async {
             let mut moved = 0u64;
@@ -66,24 +166,17 @@ where
         tokio::pin!(to_client);
         let to_device = async {
             let mut moved = 0u64;
-            let mut buffer = BytesMut::new();
             loop {
-                // The engine keeps each payload until its WRTE is sent, so
-                // what was handed on is never written again: the next read
-                // goes into what is left of the allocation, or a fresh one
-                // once that is small (a keystroke does not cost 256 KiB).
-                if buffer.capacity() < REFILL_BELOW {
-                    buffer.reserve(CHUNK);
-                }
-                match client_read.read_buf(&mut buffer).await {
-                    Ok(0) => {
+                let payload = match source.next_payload().await {
+                    Ok(Some(payload)) => payload,
+                    Ok(None) => {
                         device.close();
                         return ToDevice::SocketEnded(Ok(moved));
                     }
-                    Ok(n) => moved += n as u64,
                     Err(error) => return ToDevice::SocketEnded(Err(error)),
-                }
-                if device.send(buffer.split().freeze()).await.is_err() {
+                };
+                moved += payload.len() as u64;
+                if device.send_payload(payload).await.is_err() {
                     return ToDevice::DeviceClosed;
                 }
             }
@@ -100,13 +193,13 @@ where
     // The device's side is over: its stream closes now, not after the drain.
     drop(stream);
     let _ = client_write.shutdown().await;
-    discard(&mut client_read).await;
+    discard(source.reader()).await;
     ended
 }
 
 /// Reads and drops what the socket sends until it ends, fails, or stays
 /// silent for [`DRAIN_IDLE`].
-async fn discard<R: AsyncRead + Unpin>(socket: &mut R) {
+async fn discard<R: AsyncRead + Unpin + ?Sized>(socket: &mut R) {
     let mut sink = vec![0u8; 64 * 1024];
     while let Ok(Ok(n)) = tokio::time::timeout(DRAIN_IDLE, socket.read(&mut sink)).await {
         if n == 0 {

@@ -4,7 +4,8 @@
 //! cannot take file ranges (USB, in-memory pipes, or a peer that wants
 //! payload checksums) read them into memory (`oxadb_io::ReadRanges`); either
 //! way the bytes on the wire are the same. Nothing here reads a file: a
-//! range is an opaque [`RangeSource`] and a length.
+//! range is an opaque [`RangeSource`] and a length. A range may also be
+//! bytes waiting in a pipe, which a TCP writer splices out.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -69,6 +70,14 @@ pub trait RangeSource: fmt::Debug + Send + Sync {
     /// already framed: its lengths cannot be filled, so the connection that
     /// carries it cannot go on.
     fn shrank(&self, end: u64) -> io::Error;
+
+    /// The read end of a pipe that holds this source's bytes in order (a
+    /// relay's socket data, `oxadb_io::pipe_range`): a TCP writer splices its
+    /// ranges out instead of calling `sendfile`, and every range of it is
+    /// sent (or read) once, in order, so offsets only count.
+    fn pipe_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// `len` bytes of a [`RangeSource`] from `offset`.

@@ -10,6 +10,7 @@ use oxadb_wire::smart_socket::{
     self, binary_message, fail, message, okay_message, RequestError, OKAY,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use super::host::{self, Action, MdnsQuery, WaitOutcome};
 use super::registry::TransportId;
@@ -18,19 +19,13 @@ use super::{mdns, pair};
 
 /// Serves `socket` until its requests are done (or it relays a device
 /// stream until either side ends).
-pub async fn serve<S>(shared: Arc<Shared>, mut socket: S)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
+pub async fn serve(shared: Arc<Shared>, mut socket: TcpStream) {
     if let Err(error) = serve_requests(&shared, &mut socket).await {
         tracing::debug!(%error, "client connection ended");
     }
 }
 
-async fn serve_requests<S>(shared: &Arc<Shared>, socket: &mut S) -> std::io::Result<()>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
+async fn serve_requests(shared: &Arc<Shared>, socket: &mut TcpStream) -> std::io::Result<()> {
     let mut bound: Option<TransportId> = None;
     loop {
         let text = match read_request(socket).await? {
@@ -151,15 +146,12 @@ where
 /// A device service on the transport the connection switched to: `OKAY`
 /// once the device accepted the stream (AOSP `sockets.cpp`: the answer
 /// waits for the device's), `FAIL closed` when it refused.
-async fn open_device_service<S>(
+async fn open_device_service(
     shared: &Arc<Shared>,
-    socket: &mut S,
+    socket: &mut TcpStream,
     bound: Option<TransportId>,
     service: &str,
-) -> std::io::Result<()>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
+) -> std::io::Result<()> {
     let Some(id) = bound else {
         return socket.write_all(&fail(host::NO_TRANSPORT)).await;
     };
@@ -169,7 +161,7 @@ where
     match device.open_text(service).await {
         Ok(stream) => {
             socket.write_all(OKAY).await?;
-            super::relay(socket, stream).await;
+            super::relay_tcp(socket, stream).await;
             Ok(())
         }
         Err(error) => {

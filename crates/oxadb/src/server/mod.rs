@@ -54,7 +54,16 @@ async fn relay<S>(socket: S, stream: AdbStream)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    match crate::relay::relay(socket, stream).await {
+    log_relay_end(crate::relay::relay(socket, stream).await);
+}
+
+/// [`crate::relay::relay_tcp`], logging how it ended.
+async fn relay_tcp(socket: &mut tokio::net::TcpStream, stream: AdbStream) {
+    log_relay_end(crate::relay::relay_tcp(socket, stream).await);
+}
+
+fn log_relay_end(ended: std::io::Result<(u64, u64)>) {
+    match ended {
         Ok((to_client, to_device)) => tracing::debug!(to_client, to_device, "relay ended"),
         Err(error) => tracing::debug!(%error, "relay ended"),
     }

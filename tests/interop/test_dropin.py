@@ -137,8 +137,10 @@ def run_script(prefix: list[str], env: dict[str, str], values: dict[str, str],
     return results
 
 
-def side(name: str, tmp_path: Path, fresh_daemon) -> tuple[Daemon, dict[str, str], Path]:
-    """A daemon with a fake reboot command, and the script's values."""
+def side(name: str, tmp_path: Path, fresh_daemon,
+         extra_args: tuple[str, ...] = ()) -> tuple[Daemon, dict[str, str], Path]:
+    """A daemon with a fake reboot command (and `extra_args`), and the
+    script's values."""
     workdir = tmp_path / f"script-{name}"
     workdir.mkdir()
     (workdir / "hello.txt").write_text("hello from the host\n")
@@ -146,7 +148,7 @@ def side(name: str, tmp_path: Path, fresh_daemon) -> tuple[Daemon, dict[str, str
     reboot = workdir / "fake-reboot"
     reboot.write_text(f'#!/bin/sh\necho "reboot $*" >> {record}\n')
     reboot.chmod(0o755)
-    d = fresh_daemon(name=name, args=("--reboot-command", str(reboot)))
+    d = fresh_daemon(name=name, args=("--reboot-command", str(reboot), *extra_args))
     values = {"SERIAL": d.serial, "DEAD": str(free_port()), "FWD": str(free_port()),
               "DIR": str(workdir), "PORT": str(d.port)}
     return d, values, record

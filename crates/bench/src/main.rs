@@ -753,6 +753,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     let mut seconds: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut daemon_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut client_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
+    let mut server_cpu: Vec<Vec<f64>> = vec![Vec::new(); count];
     let pid = session.daemon.id();
     let zero_copy_pid = session.zero_copy_daemon.as_ref().map(Child::id);
     for run in 0..args.runs {
@@ -760,9 +761,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         // spell should hit every transfer, not one.
         for step in 0..count {
             let which = (run + step) % count;
-            let (elapsed, cpu, daemon) = match &transfers[which] {
-                Transfer::RawTcp => (raw_tcp(args.size)?, 0.0, 0.0),
-                Transfer::RawFileSend => (raw_tcp_file_send(&source)?, 0.0, 0.0),
+            let (elapsed, cpu, server_used, daemon) = match &transfers[which] {
+                Transfer::RawTcp => (raw_tcp(args.size)?, 0.0, 0.0, 0.0),
+                Transfer::RawFileSend => (raw_tcp_file_send(&source)?, 0.0, 0.0, 0.0),
                 Transfer::RawFileCopy => {
                     let _ = std::fs::remove_file(&pulled);
                     let elapsed = raw_tcp_file_copy(&source, &pulled)?;
@@ -770,7 +771,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         same_contents(&source, &pulled)?,
                         "raw TCP file copy: copied file differs"
                     );
-                    (elapsed, 0.0, 0.0)
+                    (elapsed, 0.0, 0.0, 0.0)
                 }
                 Transfer::Client { client, kind } => {
                     let zero_copy = client.ends_with("-zc");
@@ -806,7 +807,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         }
                         command
                     };
-                    // The client's work includes its server's.
+                    // The server's work is counted on its own.
                     let server = match base {
                         "adb" => adb_server,
                         "adb-oxadb-server" => oxadb_server,
@@ -823,11 +824,12 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                         Kind::PullToDevice => command.arg("pull").arg(&source).arg(&null_node),
                     };
                     let daemon_before = cpu_seconds(daemon_pid)?;
-                    let (elapsed, mut cpu) = timed_child(&mut command, &names[which])?;
+                    let (elapsed, cpu) = timed_child(&mut command, &names[which])?;
                     let daemon = cpu_seconds(daemon_pid)? - daemon_before;
-                    if let Some(server) = server {
-                        cpu += cpu_seconds(server)? - server_before;
-                    }
+                    let server_used = match server {
+                        Some(server) => cpu_seconds(server)? - server_before,
+                        None => 0.0,
+                    };
                     if *kind == Kind::Pull {
                         ensure!(
                             same_contents(&source, &pulled)?,
@@ -842,7 +844,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                             names[which]
                         );
                     }
-                    (elapsed, cpu, daemon)
+                    (elapsed, cpu, server_used, daemon)
                 }
             };
             let secs = elapsed.as_secs_f64();
@@ -855,6 +857,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             seconds[which].push(secs);
             daemon_cpu[which].push(daemon);
             client_cpu[which].push(cpu);
+            server_cpu[which].push(server_used);
         }
     }
     if session.daemon.try_wait()?.is_some() {
@@ -887,8 +890,8 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         args.daemon_arg
     );
     println!();
-    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | vs raw TCP from the file | vs raw file copy | vs adb 29 | client CPU s/GiB | oxadbd CPU s/GiB |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| transfer | runs (MB/s) | median MB/s | vs raw TCP | vs raw TCP from the file | vs raw file copy | vs adb 29 | client CPU s/GiB | server CPU s/GiB | oxadbd CPU s/GiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let medians: Vec<f64> = seconds
         .iter()
         .map(|s| median(&mut s.iter().map(rate).collect::<Vec<_>>()))
@@ -921,13 +924,28 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             } => format!("{:.2}", medians[which] / medians[raw_file_send]),
             _ => "-".to_string(),
         };
-        let (client, daemon, versus_adb, versus_file_copy) = match &transfers[which] {
-            Transfer::RawTcp | Transfer::RawFileSend => {
-                ("-".into(), "-".into(), "-".into(), "-".to_string())
-            }
-            Transfer::RawFileCopy => ("-".into(), "-".into(), "-".into(), "1.00".to_string()),
-            Transfer::Client { kind, .. } => (
+        let (client, server, daemon, versus_adb, versus_file_copy) = match &transfers[which] {
+            Transfer::RawTcp | Transfer::RawFileSend => (
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".to_string(),
+            ),
+            Transfer::RawFileCopy => (
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "1.00".to_string(),
+            ),
+            Transfer::Client { client, kind } => (
                 format!("{:.2}", per_gib(&client_cpu[which])),
+                if client_base(client).starts_with("adb") {
+                    format!("{:.2}", per_gib(&server_cpu[which]))
+                } else {
+                    "-".to_string()
+                },
                 format!("{:.2}", per_gib(&daemon_cpu[which])),
                 index_of("adb", *kind).map_or("-".to_string(), |a| {
                     format!("{:.2}", medians[which] / medians[a])
@@ -940,7 +958,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             ),
         };
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} |",
             names[which],
             runs,
             medians[which],
@@ -949,6 +967,7 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             versus_file_copy,
             versus_adb,
             client,
+            server,
             daemon
         );
     }

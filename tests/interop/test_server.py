@@ -367,7 +367,14 @@ def test_disconnect(ours, google, device):
 
 
 def test_kill_server_stops_it(ours, server):
-    """Last: `adb kill-server` (host:kill) ends the server, status 0."""
+    """Last: `adb kill-server` (host:kill) ends the server, status 0; as with
+    adb's server, the port is free by the time the command returns (adb
+    waits for the socket to close), so a server started next can have it."""
     r = ours("kill-server")
     assert r.rc == 0, r
+    # At once, as the next server would (adb's sets SO_REUSEADDR too).
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", server.port))
+        again.listen()
     assert server.proc.wait(timeout=10) == 0, server.log()

@@ -111,14 +111,6 @@ async fn serve_requests(shared: &Arc<Shared>, socket: &mut TcpStream) -> std::io
                 socket.write_all(OKAY).await?;
                 socket.flush().await?;
                 tracing::info!("stopping: a client asked (host:kill)");
-                // adb's server answers and exits, and `adb kill-server` returns
-                // when the socket closes (AOSP `adb.cpp` handle_host_request
-                // "kill"): a second descriptor holds it open until this process
-                // is gone, so a server started next finds the port free. Above
-                // the listener's: exit closes descriptors in ascending order.
-                if let Ok(held) = rustix::io::fcntl_dupfd_cloexec(&*socket, 256) {
-                    std::mem::forget(held);
-                }
                 shared.stop.notify_one();
                 return Ok(());
             }

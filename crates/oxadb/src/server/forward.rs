@@ -257,15 +257,15 @@ impl Bound {
 /// device, or is closed at once when it is not online.
 async fn serve(bound: Bound, registry: Arc<Registry>, target: Arc<Mutex<Target>>) {
     loop {
-        let accepted: std::io::Result<Box<dyn crate::reverse::Socket>> = match &bound {
+        let accepted = match &bound {
             Bound::Tcp(listener) => listener.accept().await.and_then(|(socket, _)| {
                 socket.set_nodelay(true)?;
-                Ok(Box::new(socket) as Box<dyn crate::reverse::Socket>)
+                Ok(Accepted::Tcp(socket))
             }),
             Bound::Unix(listener, _) => listener
                 .accept()
                 .await
-                .map(|(socket, _)| Box::new(socket) as Box<dyn crate::reverse::Socket>),
+                .map(|(socket, _)| Accepted::Unix(socket)),
         };
         let socket = match accepted {
             Ok(socket) => socket,
@@ -283,11 +283,21 @@ async fn serve(bound: Bound, registry: Arc<Registry>, target: Arc<Mutex<Target>>
                 return;
             };
             match device.open_text(&target.remote).await {
-                Ok(stream) => super::relay(socket, stream).await,
+                // A TCP client's bytes are spliced to the device (`relay_tcp`).
+                Ok(stream) => match socket {
+                    Accepted::Tcp(mut socket) => super::relay_tcp(&mut socket, stream).await,
+                    Accepted::Unix(socket) => super::relay(socket, stream).await,
+                },
                 Err(error) => tracing::debug!(%error, "forward: device refused"),
             }
         });
     }
+}
+
+/// A connection to a forward listener.
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
 }
 
 #[cfg(test)]

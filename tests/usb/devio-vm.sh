@@ -49,11 +49,8 @@ command -v adb >/dev/null || die "Google adb 29 is missing (scripts/usb-vm.sh pr
 mkdir -p "$HOME" "$OUT"
 
 OK=1
-pass() { echo "  ok: $*"; }
-fail() {
-    echo "  FAILED: $*"
-    OK=0
-}
+# shellcheck source=tests/usb/lib.sh
+. "${REPO}/tests/usb/lib.sh"
 
 DAEMON_PID=""
 cleanup() {
@@ -67,16 +64,6 @@ cleanup() {
     rm -rf /tmp/devio
 }
 trap cleanup EXIT
-
-sha() { sha256sum "$1" | cut -d' ' -f1; }
-
-# expect_output WHAT EXPECTED COMMAND...: the command's stdout+stderr must be EXPECTED.
-expect_output() {
-    local what="$1" expected="$2" got
-    shift 2
-    got="$(timeout "$LIMIT" "$@" 2>&1)"
-    if [ "$got" = "$expected" ]; then pass "$what"; else fail "$what: got '${got}'"; fi
-}
 
 # push_pull NAME CLIENT...: 16 MiB pushed (sha256 checked on the device) and
 # pulled back (checked here).

@@ -21,6 +21,7 @@ mod memory;
 mod receive_paths;
 mod shell_latency;
 mod simulate;
+mod splice_relay;
 mod stream;
 
 #[derive(Parser)]
@@ -350,8 +351,8 @@ fn raw_tcp(size: u64) -> Result<Duration> {
 
 /// What a push into a device node does at the least, over raw TCP: the
 /// source file read 1 MiB at a time and sent, the receiver discarding it.
-fn raw_tcp_file_send(source: &Path) -> Result<Duration> {
-    send_file_timed(source, "raw TCP from the file", |listener| {
+fn raw_tcp_file_send(source: &Path, relayed: bool) -> Result<Duration> {
+    send_file_timed(source, "raw TCP from the file", relayed, |listener| {
         receive_all(&listener, |_| Ok(()))
     })
 }
@@ -360,9 +361,9 @@ fn raw_tcp_file_send(source: &Path) -> Result<Duration> {
 /// file and sends it, another receives it into a new file beside the pull
 /// destination (1 MiB at a time, four copies and a page allocation per 4 KiB
 /// on tmpfs, no protocol).
-fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
+fn raw_tcp_file_copy(source: &Path, dest: &Path, relayed: bool) -> Result<Duration> {
     let dest = dest.to_path_buf();
-    send_file_timed(source, "raw TCP file copy", move |listener| {
+    send_file_timed(source, "raw TCP file copy", relayed, move |listener| {
         let mut out = File::create(&dest)?;
         receive_all(&listener, |data| Ok(out.write_all(data)?))
     })
@@ -370,17 +371,33 @@ fn raw_tcp_file_copy(source: &Path, dest: &Path) -> Result<Duration> {
 
 /// Times `source` sent over a loopback connection to `receive` (run on a
 /// thread of its own with the listener; returns the bytes it got), and checks
-/// that every byte arrived.
+/// that every byte arrived. `relayed` puts a [`splice_relay`] in between, as
+/// a host server sits between adb's CLI and the device.
 fn send_file_timed(
     source: &Path,
     what: &str,
+    relayed: bool,
     receive: impl FnOnce(TcpListener) -> Result<u64> + Send + 'static,
 ) -> Result<Duration> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
+    let mut addr = listener.local_addr()?;
     let start = Instant::now();
     let receiver = std::thread::spawn(move || receive(listener));
+    let relay = if relayed {
+        let (relay_addr, relay) = splice_relay::start(addr)?;
+        addr = relay_addr;
+        Some(relay)
+    } else {
+        None
+    };
     let size = send_file(source, addr)?;
+    if let Some(relay) = relay {
+        let moved = relay.join().expect("relay thread")?;
+        ensure!(
+            moved == size,
+            "{what}: the relay moved {moved} of {size} bytes"
+        );
+    }
     let received = receiver.join().expect("receiver thread")?;
     let elapsed = start.elapsed();
     ensure!(received == size, "{what} moved {received} of {size} bytes");
@@ -559,6 +576,12 @@ enum Transfer {
     RawFileSend,
     /// The copies a pull cannot avoid, over raw TCP: the floor under any pull.
     RawFileCopy,
+    /// [`Transfer::RawFileSend`] through a splice relay: the ceiling for a
+    /// push through any host server.
+    RelayedFileSend,
+    /// [`Transfer::RawFileCopy`] through a splice relay: the ceiling for a
+    /// pull through any host server.
+    RelayedFileCopy,
     Client {
         client: String,
         kind: Kind,
@@ -582,6 +605,8 @@ impl Transfer {
             Transfer::RawTcp => "raw TCP".to_string(),
             Transfer::RawFileSend => "raw TCP from the file".to_string(),
             Transfer::RawFileCopy => "raw TCP file copy".to_string(),
+            Transfer::RelayedFileSend => "raw TCP from the file, relayed".to_string(),
+            Transfer::RelayedFileCopy => "raw TCP file copy, relayed".to_string(),
             Transfer::Client { client, kind } => {
                 let kind = match kind {
                     Kind::Push => "push",
@@ -731,6 +756,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
     // Transfers: raw TCP (from memory and from the file), push and pulls for
     // each client, the raw file copy.
     let mut transfers = vec![Transfer::RawTcp, Transfer::RawFileSend];
+    if uses_oxadb_server {
+        transfers.push(Transfer::RelayedFileSend);
+    }
     for client in &args.clients {
         let kinds: &[Kind] = if client.starts_with("adb") {
             &[Kind::Push, Kind::Pull]
@@ -746,6 +774,9 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
                 kind,
             });
         }
+    }
+    if uses_oxadb_server {
+        transfers.push(Transfer::RelayedFileCopy);
     }
     transfers.push(Transfer::RawFileCopy);
     let names: Vec<String> = transfers.iter().map(Transfer::name).collect();
@@ -763,10 +794,14 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
             let which = (run + step) % count;
             let (elapsed, cpu, server_used, daemon) = match &transfers[which] {
                 Transfer::RawTcp => (raw_tcp(args.size)?, 0.0, 0.0, 0.0),
-                Transfer::RawFileSend => (raw_tcp_file_send(&source)?, 0.0, 0.0, 0.0),
-                Transfer::RawFileCopy => {
+                Transfer::RawFileSend | Transfer::RelayedFileSend => {
+                    let relayed = transfers[which] == Transfer::RelayedFileSend;
+                    (raw_tcp_file_send(&source, relayed)?, 0.0, 0.0, 0.0)
+                }
+                Transfer::RawFileCopy | Transfer::RelayedFileCopy => {
+                    let relayed = transfers[which] == Transfer::RelayedFileCopy;
                     let _ = std::fs::remove_file(&pulled);
-                    let elapsed = raw_tcp_file_copy(&source, &pulled)?;
+                    let elapsed = raw_tcp_file_copy(&source, &pulled, relayed)?;
                     ensure!(
                         same_contents(&source, &pulled)?,
                         "raw TCP file copy: copied file differs"
@@ -918,26 +953,27 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         // what arrives, as the raw send from the file does.
         let versus_file_send = match &transfers[which] {
             Transfer::RawFileSend => "1.00".to_string(),
-            Transfer::Client {
+            Transfer::RelayedFileSend
+            | Transfer::Client {
                 kind: Kind::Push | Kind::PullToDevice,
                 ..
             } => format!("{:.2}", medians[which] / medians[raw_file_send]),
             _ => "-".to_string(),
         };
         let (client, server, daemon, versus_adb, versus_file_copy) = match &transfers[which] {
-            Transfer::RawTcp | Transfer::RawFileSend => (
+            Transfer::RawTcp | Transfer::RawFileSend | Transfer::RelayedFileSend => (
                 "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".to_string(),
             ),
-            Transfer::RawFileCopy => (
+            Transfer::RawFileCopy | Transfer::RelayedFileCopy => (
                 "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".into(),
-                "1.00".to_string(),
+                format!("{:.2}", medians[which] / medians[raw_file_copy]),
             ),
             Transfer::Client { client, kind } => (
                 format!("{:.2}", per_gib(&client_cpu[which])),
@@ -972,28 +1008,60 @@ fn adb_loopback(args: AdbLoopback) -> Result<()> {
         );
     }
 
-    // Google's CLI through oxadb's server against oxadb alone and against
-    // Google's own server, from the same run: ratios of medians.
+    // Google's CLI through oxadb's server against oxadb alone, against
+    // Google's own server and against the relayed raw transfer that no
+    // server can beat, from the same run: ratios of medians.
     if uses_oxadb_server {
+        let floor_of = |kind: Kind| {
+            let floor = match kind {
+                Kind::Push => Transfer::RelayedFileSend,
+                _ => Transfer::RelayedFileCopy,
+            };
+            transfers.iter().position(|t| *t == floor)
+        };
         println!();
-        println!("| adb CLI through oxadb server / | oxadb direct | adb 29 server |");
-        println!("|---|---|---|");
+        println!(
+            "| adb CLI through oxadb server / | oxadb direct | adb 29 server | relayed raw floor |"
+        );
+        println!("|---|---|---|---|");
         for kind in [Kind::Push, Kind::Pull] {
             let Some(through) = index_of("adb-oxadb-server", kind) else {
                 continue;
             };
-            let versus = |client: &str| {
-                index_of(client, kind).map_or("-".to_string(), |other| {
+            let versus = |other: Option<usize>| {
+                other.map_or("-".to_string(), |other| {
                     format!("{:.2}", medians[through] / medians[other])
                 })
             };
             println!(
-                "| {} | {} | {} |",
+                "| {} | {} | {} | {} |",
                 transfers[through].name(),
-                versus("oxadb"),
-                versus("adb")
+                versus(index_of("oxadb", kind)),
+                versus(index_of("adb", kind)),
+                versus(floor_of(kind))
             );
         }
+        // What the server's throughput goals ask for, beside what a relay
+        // that does nothing but splice reached in the same run.
+        println!();
+        println!("| MB/s, medians of this run | push | pull |");
+        println!("|---|---|---|");
+        let row = |what: &str, value: &dyn Fn(Kind) -> Option<f64>| {
+            let cell = |kind| value(kind).map_or("-".to_string(), |v| format!("{v:.0}"));
+            println!("| {what} | {} | {} |", cell(Kind::Push), cell(Kind::Pull));
+        };
+        row("relayed raw floor", &|kind| {
+            floor_of(kind).map(|i| medians[i])
+        });
+        row("adb CLI through oxadb server", &|kind| {
+            index_of("adb-oxadb-server", kind).map(|i| medians[i])
+        });
+        row("0.9 x oxadb direct", &|kind| {
+            index_of("oxadb", kind).map(|i| 0.9 * medians[i])
+        });
+        row("2 x adb 29 server", &|kind| {
+            index_of("adb", kind).map(|i| 2.0 * medians[i])
+        });
     }
 
     // Zero-copy against copying, from the same run: ratios of medians.

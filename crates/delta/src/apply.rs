@@ -1,0 +1,238 @@
+//! Operations applied to stores of blocks: beside the old image (a new
+//! file built next to it, so any order is right) or in place (a block
+//! device, in [`InPlaceSchedule`]'s order). Every operation is checked
+//! against both images' bounds first: the daemon applies what a host sent.
+
+use std::io;
+
+use crate::plan::Op;
+use crate::schedule::{InPlaceSchedule, Read, Step};
+use crate::BlockSize;
+
+/// Somewhere blocks are read and written: a file, a block device, memory.
+pub trait BlockStore {
+    /// Fills `buf` with the bytes at `offset`.
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    fn write_all_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
+
+    /// Makes `len` bytes at `offset` zero; a store may punch a hole instead.
+    fn write_zeros_at(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        let zeros = vec![0u8; len.min(ZERO_CHUNK) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64);
+            self.write_all_at(offset + done, &zeros[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+const ZERO_CHUNK: u64 = 1 << 20;
+
+/// Blocks copied with one read and one write, beside the old image.
+const COPY_CHUNK_BLOCKS: u64 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{op} writes past the new image's {len} bytes")]
+    PastNewEnd { op: String, len: u64 },
+    #[error("{op} reads past the old image's {len} bytes, or a short block into a full one")]
+    PastOldEnd { op: String, len: u64 },
+    #[error("{op} carries {bytes} bytes, not whole blocks of {block_size} up to the image's end")]
+    ReplaceLength {
+        op: String,
+        bytes: usize,
+        block_size: u32,
+    },
+    #[error("reading {what} at byte {offset}: {source}")]
+    Read {
+        what: &'static str,
+        offset: u64,
+        source: io::Error,
+    },
+    #[error("writing the new image at byte {offset}: {source}")]
+    Write { offset: u64, source: io::Error },
+}
+
+/// The shape of an operation, for error messages (not its data).
+fn describe(op: &Op) -> String {
+    match op {
+        Op::Copy { start, from, count } => {
+            format!("COPY of {count} blocks from {from} to {start}")
+        }
+        Op::Zero { start, count } => format!("ZERO of {count} blocks at {start}"),
+        Op::Replace { start, data } => {
+            format!("REPLACE of {} bytes at block {start}", data.len())
+        }
+    }
+}
+
+/// Checks that `op` stays inside both images: an old image of `old_len`
+/// bytes and a new one of `new_len`.
+pub fn check(op: &Op, block_size: BlockSize, old_len: u64, new_len: u64) -> Result<(), ApplyError> {
+    let new_blocks = block_size.blocks_in(new_len);
+    let count = op.count(block_size);
+    let past_new = || ApplyError::PastNewEnd {
+        op: describe(op),
+        len: new_len,
+    };
+    if count == 0
+        || op
+            .start()
+            .checked_add(count)
+            .is_none_or(|end| end > new_blocks)
+    {
+        return Err(past_new());
+    }
+    match op {
+        Op::Copy { start, from, count } => {
+            // Only a run's last block can be short; it must be as long in both.
+            let last = count - 1;
+            let old_end = from.checked_add(last).ok_or_else(past_new)?;
+            let old_bytes = block_size.len_of(old_end, old_len);
+            if old_bytes == 0 || old_bytes != block_size.len_of(start + last, new_len) {
+                return Err(ApplyError::PastOldEnd {
+                    op: describe(op),
+                    len: old_len,
+                });
+            }
+        }
+        Op::Zero { .. } => {}
+        Op::Replace { start, data } => {
+            let end = block_size.offset_of(*start) + data.len() as u64;
+            let whole = data.len() % block_size.bytes() as usize == 0;
+            if data.is_empty() || end > new_len || (!whole && end != new_len) {
+                return Err(ApplyError::ReplaceLength {
+                    op: describe(op),
+                    bytes: data.len(),
+                    block_size: block_size.bytes(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds the new image in `new` from `old` (left as it is) and `ops`.
+/// `new` is expected to read as zeros where nothing was written (a fresh
+/// file of the new length); Zero operations are written all the same.
+pub fn apply_beside(
+    old: &mut impl BlockStore,
+    new: &mut impl BlockStore,
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+    ops: &[Op],
+) -> Result<(), ApplyError> {
+    let bs = u64::from(block_size.bytes());
+    let mut buffer = Vec::new();
+    for op in ops {
+        check(op, block_size, old_len, new_len)?;
+        match op {
+            Op::Copy { start, from, count } => {
+                let mut done = 0;
+                while done < *count {
+                    let blocks = (*count - done).min(COPY_CHUNK_BLOCKS);
+                    let read_at = (from + done) * bs;
+                    let bytes = (blocks * bs).min(old_len - read_at) as usize;
+                    buffer.resize(bytes, 0);
+                    old.read_exact_at(read_at, &mut buffer)
+                        .map_err(|source| ApplyError::Read {
+                            what: "the old image",
+                            offset: read_at,
+                            source,
+                        })?;
+                    write(new, (start + done) * bs, &buffer)?;
+                    done += blocks;
+                }
+            }
+            Op::Zero { start, count } => zero(new, block_size, *start, *count, new_len)?,
+            Op::Replace { start, data } => write(new, start * bs, data)?,
+        }
+    }
+    Ok(())
+}
+
+/// Turns the old image in `store` into the new one: the copies first, in
+/// [`InPlaceSchedule`]'s order, then zeros and new data. `store` must hold
+/// at least `new_len` bytes (a block device does not grow).
+pub fn apply_in_place(
+    store: &mut impl BlockStore,
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+    ops: &[Op],
+) -> Result<(), ApplyError> {
+    for op in ops {
+        check(op, block_size, old_len, new_len)?;
+    }
+    let bs = u64::from(block_size.bytes());
+    let schedule = InPlaceSchedule::new(ops);
+    let mut slots: Vec<Vec<u8>> = Vec::with_capacity(schedule.slots);
+    let mut buffer = vec![0u8; bs as usize];
+    let read = |store: &mut dyn BlockStore, block: u64, buffer: &mut Vec<u8>| {
+        let offset = block * bs;
+        buffer.resize(block_size.len_of(block, old_len), 0);
+        store
+            .read_exact_at(offset, buffer)
+            .map_err(|source| ApplyError::Read {
+                what: "the old image",
+                offset,
+                source,
+            })
+    };
+    for step in &schedule.steps {
+        match *step {
+            Step::Stage { block, slot } => {
+                debug_assert_eq!(slot, slots.len());
+                let mut staged = Vec::new();
+                read(store, block, &mut staged)?;
+                slots.push(staged);
+            }
+            Step::Copy { block, from } => {
+                let data = match from {
+                    Read::Old(source) => {
+                        read(store, source, &mut buffer)?;
+                        &buffer
+                    }
+                    Read::Staged(slot) => &slots[slot],
+                };
+                write(store, block * bs, data)?;
+            }
+        }
+    }
+    for op in ops {
+        match op {
+            Op::Copy { .. } => {}
+            Op::Zero { start, count } => zero(store, block_size, *start, *count, new_len)?,
+            Op::Replace { start, data } => write(store, start * bs, data)?,
+        }
+    }
+    Ok(())
+}
+
+fn write(
+    store: &mut (impl BlockStore + ?Sized),
+    offset: u64,
+    data: &[u8],
+) -> Result<(), ApplyError> {
+    store
+        .write_all_at(offset, data)
+        .map_err(|source| ApplyError::Write { offset, source })
+}
+
+fn zero(
+    store: &mut (impl BlockStore + ?Sized),
+    block_size: BlockSize,
+    start: u64,
+    count: u64,
+    new_len: u64,
+) -> Result<(), ApplyError> {
+    let offset = block_size.offset_of(start);
+    let len = (count * u64::from(block_size.bytes())).min(new_len - offset);
+    store
+        .write_zeros_at(offset, len)
+        .map_err(|source| ApplyError::Write { offset, source })
+}

@@ -1,0 +1,35 @@
+//! Block deltas: a new image described as operations on the old one, the
+//! way Android's OTA snapshots describe an update (AOSP
+//! `libsnapshot/include/libsnapshot/cow_format.h`), so that a push of an
+//! image of which a build changed a few percent sends about that few
+//! percent (docs/delta.md).
+//!
+//! Both images are cut into aligned blocks ([`BlockSize`]). The device knows
+//! the old image and describes it by the [`BlockDigest`] of each block; the
+//! host knows the new one and, block by block, decides with a [`Planner`]
+//! whether it is unchanged, zero, a copy of an old block found anywhere, or
+//! new data. [`Plan`] coalesces those decisions into [`Op`]s. Applied beside
+//! the old image (a regular file built next to the old one), any order is
+//! right; applied in place (a block device), a copy must read its source
+//! before anything overwrites it, which [`InPlaceSchedule`] orders, staging
+//! the few blocks that copies in a cycle need.
+//!
+//! Nothing here does I/O: the host's and the daemon's drivers read and write
+//! through [`BlockStore`]s and carry operations over the wire.
+
+#![forbid(unsafe_code)]
+
+mod apply;
+mod block;
+mod digest;
+mod plan;
+mod schedule;
+
+pub use apply::{apply_beside, apply_in_place, check, ApplyError, BlockStore};
+pub use block::BlockSize;
+pub use digest::{BlockDigest, ImageDigest, DIGEST_LEN};
+pub use plan::{plan_image, Decision, DigestCountError, Op, Plan, Planner, MAX_REPLACE_BYTES};
+pub use schedule::{InPlaceSchedule, Read, Step};
+
+#[cfg(test)]
+mod tests;

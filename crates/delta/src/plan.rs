@@ -1,0 +1,247 @@
+//! The host's side of a delta: each block of the new image decided against
+//! the old image's digests, and the decisions coalesced into operations.
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::block::{is_zero, BlockSize};
+use crate::digest::BlockDigest;
+
+/// What one block of the new image is, given the old image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The old image has the same bytes at the same place.
+    Same,
+    /// All zero (and the old block at this place is not).
+    Zero,
+    /// The old image has the same bytes in block `from`, elsewhere: a file
+    /// moved inside a filesystem image, or a duplicated block.
+    Copy { from: u64 },
+    /// New bytes: they cross the link.
+    Replace,
+}
+
+/// Decides blocks of a new image against the digests of the old one.
+pub struct Planner {
+    block_size: BlockSize,
+    old_len: u64,
+    old: Vec<BlockDigest>,
+    /// Full-size old blocks by digest, the lowest index of each: a copy
+    /// source found anywhere in the old image (as RAUC's block-hash-index
+    /// does), not only near the block's own place (as rsync's window).
+    anywhere: HashMap<BlockDigest, u64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "the old image of {old_len} bytes has {expected} blocks of {block_size}, not {got} digests"
+)]
+pub struct DigestCountError {
+    pub old_len: u64,
+    pub block_size: u32,
+    pub expected: u64,
+    pub got: usize,
+}
+
+impl Planner {
+    /// `old` holds one digest per block of the old image of `old_len`
+    /// bytes, in order.
+    pub fn new(
+        block_size: BlockSize,
+        old_len: u64,
+        old: Vec<BlockDigest>,
+    ) -> Result<Planner, DigestCountError> {
+        let expected = block_size.blocks_in(old_len);
+        if old.len() as u64 != expected {
+            return Err(DigestCountError {
+                old_len,
+                block_size: block_size.bytes(),
+                expected,
+                got: old.len(),
+            });
+        }
+        let mut anywhere = HashMap::with_capacity(old.len());
+        for (index, digest) in old.iter().enumerate() {
+            let index = index as u64;
+            if block_size.len_of(index, old_len) == block_size.bytes() as usize {
+                anywhere.entry(*digest).or_insert(index);
+            }
+        }
+        Ok(Planner {
+            block_size,
+            old_len,
+            old,
+            anywhere,
+        })
+    }
+
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    /// Block `index` of the new image holds `block`.
+    pub fn decide(&self, index: u64, block: &[u8]) -> Decision {
+        let digest = BlockDigest::of(block);
+        let same_place = self.old.get(index as usize) == Some(&digest)
+            && self.block_size.len_of(index, self.old_len) == block.len();
+        if same_place {
+            return Decision::Same;
+        }
+        if is_zero(block) {
+            return Decision::Zero;
+        }
+        if block.len() == self.block_size.bytes() as usize {
+            if let Some(&from) = self.anywhere.get(&digest) {
+                return Decision::Copy { from };
+            }
+        }
+        Decision::Replace
+    }
+}
+
+/// One operation on the old image; together a plan's operations cover
+/// every block of the new image once, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// New blocks `start..start + count` are old blocks `from..from +
+    /// count` (`from == start`: unchanged).
+    Copy { start: u64, from: u64, count: u64 },
+    /// New blocks `start..start + count` are zero.
+    Zero { start: u64, count: u64 },
+    /// New blocks from `start` hold `data`: whole blocks, the image's last
+    /// one maybe short.
+    Replace { start: u64, data: Bytes },
+}
+
+impl Op {
+    pub fn start(&self) -> u64 {
+        match self {
+            Op::Copy { start, .. } | Op::Zero { start, .. } | Op::Replace { start, .. } => *start,
+        }
+    }
+
+    /// Blocks of the new image it writes.
+    pub fn count(&self, block_size: BlockSize) -> u64 {
+        match self {
+            Op::Copy { count, .. } | Op::Zero { count, .. } => *count,
+            Op::Replace { data, .. } => (data.len() as u64).div_ceil(u64::from(block_size.bytes())),
+        }
+    }
+
+    /// Whether it changes nothing when applied in place.
+    pub fn is_unchanged(&self) -> bool {
+        matches!(self, Op::Copy { start, from, .. } if start == from)
+    }
+}
+
+/// Decisions coalesced into operations, in the new image's block order.
+pub struct Plan {
+    block_size: BlockSize,
+    next: u64,
+    /// Closed operations, then the open one (which may still grow).
+    ops: Vec<Op>,
+    replace: BytesMut,
+    replace_start: u64,
+}
+
+/// Most bytes one `Replace` carries: a compression frame that large still
+/// compresses as well as the whole image would (zstd's window at level 3 is
+/// larger, but changed regions of an image are mostly smaller than this),
+/// and an operation is sent while the next is planned.
+pub const MAX_REPLACE_BYTES: usize = 1 << 20;
+
+impl Plan {
+    pub fn new(block_size: BlockSize) -> Plan {
+        Plan {
+            block_size,
+            next: 0,
+            ops: Vec::new(),
+            replace: BytesMut::new(),
+            replace_start: 0,
+        }
+    }
+
+    /// Adds the next block of the new image (`index` must follow the last
+    /// one added), which holds `block` and was decided `decision`.
+    pub fn push(&mut self, index: u64, decision: Decision, block: &[u8]) {
+        assert_eq!(index, self.next, "blocks are planned in order");
+        self.next += 1;
+        if decision != Decision::Replace {
+            self.close_replace();
+        }
+        match decision {
+            Decision::Same => self.extend_copy(index, index),
+            Decision::Copy { from } => self.extend_copy(index, from),
+            Decision::Zero => match self.ops.last_mut() {
+                Some(Op::Zero { start, count }) if *start + *count == index => *count += 1,
+                _ => self.ops.push(Op::Zero {
+                    start: index,
+                    count: 1,
+                }),
+            },
+            Decision::Replace => {
+                if self.replace.len() + block.len() > MAX_REPLACE_BYTES {
+                    self.close_replace();
+                }
+                if self.replace.is_empty() {
+                    self.replace_start = index;
+                }
+                self.replace.extend_from_slice(block);
+            }
+        }
+    }
+
+    fn extend_copy(&mut self, index: u64, from: u64) {
+        match self.ops.last_mut() {
+            Some(Op::Copy {
+                start,
+                from: run_from,
+                count,
+            }) if *start + *count == index && *run_from + *count == from => *count += 1,
+            _ => self.ops.push(Op::Copy {
+                start: index,
+                from,
+                count: 1,
+            }),
+        }
+    }
+
+    fn close_replace(&mut self) {
+        if !self.replace.is_empty() {
+            self.ops.push(Op::Replace {
+                start: self.replace_start,
+                data: self.replace.split().freeze(),
+            });
+        }
+    }
+
+    /// The operations that can no longer grow, to send while planning goes on.
+    pub fn take_closed(&mut self) -> Vec<Op> {
+        let keep = usize::from(self.replace.is_empty() && !self.ops.is_empty());
+        let closed = self.ops.len() - keep;
+        self.ops.drain(..closed).collect()
+    }
+
+    /// Every remaining operation: the new image has no more blocks.
+    pub fn finish(mut self) -> Vec<Op> {
+        self.close_replace();
+        self.ops
+    }
+
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+}
+
+/// The plan of a whole new image held in memory: every block decided in
+/// order. The drivers read images in pieces and call the same two steps.
+pub fn plan_image(planner: &Planner, new: &[u8]) -> Vec<Op> {
+    let block_size = planner.block_size();
+    let mut plan = Plan::new(block_size);
+    for (index, block) in new.chunks(block_size.bytes() as usize).enumerate() {
+        let index = index as u64;
+        plan.push(index, planner.decide(index, block), block);
+    }
+    plan.finish()
+}

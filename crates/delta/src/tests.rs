@@ -1,0 +1,372 @@
+use std::io;
+
+use bytes::Bytes;
+use rand::{Rng, RngCore, SeedableRng};
+
+use crate::plan::plan_image;
+use crate::*;
+
+/// A store in memory; reads past its end fail as a file's would.
+struct Memory(Vec<u8>);
+
+impl BlockStore for Memory {
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let start = offset as usize;
+        let source = self
+            .0
+            .get(start..start + buf.len())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(source);
+        Ok(())
+    }
+
+    fn write_all_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let start = offset as usize;
+        self.0
+            .get_mut(start..start + data.len())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::WriteZero))?
+            .copy_from_slice(data);
+        Ok(())
+    }
+}
+
+const BS: BlockSize = BlockSize::DEFAULT;
+const B: usize = 4096;
+
+fn digests(image: &[u8], block_size: BlockSize) -> Vec<BlockDigest> {
+    image
+        .chunks(block_size.bytes() as usize)
+        .map(BlockDigest::of)
+        .collect()
+}
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    data
+}
+
+fn plan(old: &[u8], new: &[u8], block_size: BlockSize) -> Vec<Op> {
+    let planner = Planner::new(block_size, old.len() as u64, digests(old, block_size)).unwrap();
+    plan_image(&planner, new)
+}
+
+/// Plans `old` -> `new`, checks the operations cover the new image's blocks
+/// once and in order, applies them beside and in place, and returns them.
+fn round_trip(old: &[u8], new: &[u8], block_size: BlockSize) -> Vec<Op> {
+    let ops = plan(old, new, block_size);
+    let mut next = 0;
+    for op in &ops {
+        assert_eq!(op.start(), next, "{ops:?}");
+        next += op.count(block_size);
+    }
+    assert_eq!(next, block_size.blocks_in(new.len() as u64));
+
+    let (old_len, new_len) = (old.len() as u64, new.len() as u64);
+    let mut beside = Memory(vec![0; new.len()]);
+    apply_beside(
+        &mut Memory(old.to_vec()),
+        &mut beside,
+        block_size,
+        old_len,
+        new_len,
+        &ops,
+    )
+    .unwrap();
+    assert!(beside.0 == new, "beside: the built image differs");
+
+    // A block device is as large as the larger image and keeps what lies
+    // past the new one.
+    let mut device = Memory(old.to_vec());
+    device.0.resize(old.len().max(new.len()), 0);
+    apply_in_place(&mut device, block_size, old_len, new_len, &ops).unwrap();
+    assert!(device.0[..new.len()] == *new, "in place: the image differs");
+    ops
+}
+
+fn replaced_bytes(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Replace { data, .. } => data.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn an_unchanged_image_is_one_copy_in_place() {
+    let old = random(64 * B + 100, 1);
+    let ops = round_trip(&old, &old, BS);
+    assert_eq!(
+        ops,
+        vec![Op::Copy {
+            start: 0,
+            from: 0,
+            count: 65
+        }]
+    );
+    assert!(InPlaceSchedule::new(&ops).steps.is_empty());
+}
+
+#[test]
+fn changed_blocks_are_sent_and_nothing_else() {
+    let old = random(256 * B, 2);
+    let mut new = old.clone();
+    for block in [3usize, 4, 100, 255] {
+        new[block * B + 7] ^= 0x5a;
+    }
+    let ops = round_trip(&old, &new, BS);
+    assert_eq!(replaced_bytes(&ops), 4 * B);
+}
+
+#[test]
+fn a_zeroed_region_is_a_zero_operation() {
+    let old = random(64 * B, 3);
+    let mut new = old.clone();
+    new[8 * B..24 * B].fill(0);
+    let ops = round_trip(&old, &new, BS);
+    assert!(
+        ops.contains(&Op::Zero {
+            start: 8,
+            count: 16
+        }),
+        "{ops:?}"
+    );
+    assert_eq!(replaced_bytes(&ops), 0);
+}
+
+#[test]
+fn a_moved_file_is_copied_from_its_old_place() {
+    let old = random(128 * B, 4);
+    let mut new = random(128 * B, 5);
+    new[..16 * B].copy_from_slice(&old[..16 * B]);
+    // Blocks 40..60 of the old image now sit at 90..110.
+    new[90 * B..110 * B].copy_from_slice(&old[40 * B..60 * B]);
+    let ops = round_trip(&old, &new, BS);
+    assert!(
+        ops.contains(&Op::Copy {
+            start: 90,
+            from: 40,
+            count: 20
+        }),
+        "{ops:?}"
+    );
+    assert_eq!(replaced_bytes(&ops), (128 - 16 - 20) * B);
+}
+
+#[test]
+fn an_appended_image_sends_only_its_tail() {
+    let old = random(64 * B, 6);
+    let mut new = old.clone();
+    new.extend_from_slice(&random(10 * B + 123, 7));
+    let ops = round_trip(&old, &new, BS);
+    assert_eq!(replaced_bytes(&ops), 10 * B + 123);
+}
+
+#[test]
+fn a_shrunk_image_sends_nothing_but_its_new_short_tail() {
+    let old = random(64 * B, 8);
+    let new = old[..40 * B + 1000].to_vec();
+    let ops = round_trip(&old, &new, BS);
+    // The last block is short now: not the old full block, so it is sent.
+    assert_eq!(replaced_bytes(&ops), 1000);
+}
+
+#[test]
+fn a_shift_by_one_block_is_a_chain_of_copies_with_nothing_staged() {
+    let old = random(200 * B, 9);
+    let mut new = random(B, 10);
+    new.extend_from_slice(&old[..199 * B]);
+    let ops = round_trip(&old, &new, BS);
+    let schedule = InPlaceSchedule::new(&ops);
+    assert_eq!(schedule.slots, 0);
+    assert_eq!(replaced_bytes(&ops), B);
+    // Shifted towards the end: the last block is written first.
+    assert_eq!(
+        schedule.steps.first(),
+        Some(&Step::Copy {
+            block: 199,
+            from: Read::Old(198)
+        })
+    );
+}
+
+#[test]
+fn swapped_regions_stage_one_block_per_cycle() {
+    let old = random(64 * B, 11);
+    let mut new = old.clone();
+    new[10 * B..20 * B].copy_from_slice(&old[40 * B..50 * B]);
+    new[40 * B..50 * B].copy_from_slice(&old[10 * B..20 * B]);
+    let ops = round_trip(&old, &new, BS);
+    assert_eq!(replaced_bytes(&ops), 0);
+    // Ten two-block cycles (block 10 <-> 40, 11 <-> 41, ...).
+    assert_eq!(InPlaceSchedule::new(&ops).slots, 10);
+}
+
+#[test]
+fn a_rotation_is_one_cycle_and_one_staged_block() {
+    let old = random(50 * B, 12);
+    let mut new = old[B..].to_vec();
+    new.extend_from_slice(&old[..B]);
+    let ops = round_trip(&old, &new, BS);
+    assert_eq!(InPlaceSchedule::new(&ops).slots, 1);
+}
+
+#[test]
+fn one_old_block_copied_to_many_places_is_read_before_it_is_overwritten() {
+    let old = random(32 * B, 13);
+    let mut new = random(32 * B, 14);
+    for place in [0usize, 5, 9, 31] {
+        new[place * B..(place + 1) * B].copy_from_slice(&old[9 * B..10 * B]);
+    }
+    round_trip(&old, &new, BS);
+}
+
+#[test]
+fn images_that_do_not_fill_their_last_block() {
+    for (old_len, new_len) in [(0, 5000), (5000, 0), (4095, 4097), (10 * B + 1, 10 * B + 1)] {
+        let old = random(old_len, 15);
+        let mut new = random(new_len, 16);
+        let shared = old_len.min(new_len) / 2;
+        new[..shared].copy_from_slice(&old[..shared]);
+        round_trip(&old, &new, BS);
+    }
+}
+
+#[test]
+fn random_edits_rebuild_the_new_image_in_both_modes() {
+    let block_size = BlockSize::new(512).unwrap();
+    let b = 512usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    for trial in 0..300 {
+        let old_blocks = rng.random_range(0..80usize);
+        let old = random(old_blocks * b + rng.random_range(0..b), trial);
+        let mut new = old.clone();
+        for _ in 0..rng.random_range(0..6) {
+            let len = new.len();
+            match rng.random_range(0..6) {
+                // Change bytes.
+                0 if len > 0 => {
+                    let at = rng.random_range(0..len);
+                    new[at] ^= 0xff;
+                }
+                // Zero a run.
+                1 if len > 0 => {
+                    let at = rng.random_range(0..len);
+                    let end = (at + rng.random_range(0..4 * b)).min(len);
+                    new[at..end].fill(0);
+                }
+                // Move a block-aligned run of the old image somewhere.
+                2 if old.len() >= b && len >= b => {
+                    let count = rng.random_range(1..=(old.len() / b).min(len / b));
+                    let from = rng.random_range(0..=old.len() / b - count);
+                    let to = rng.random_range(0..=len / b - count);
+                    new[to * b..(to + count) * b]
+                        .copy_from_slice(&old[from * b..(from + count) * b]);
+                }
+                // Append.
+                3 => new.extend_from_slice(&random(rng.random_range(0..3 * b), trial + 1000)),
+                // Shrink.
+                4 => new.truncate(rng.random_range(0..=len)),
+                // Swap two aligned blocks.
+                _ if len >= 2 * b => {
+                    let (x, y) = (rng.random_range(0..len / b), rng.random_range(0..len / b));
+                    let block_x = new[x * b..(x + 1) * b].to_vec();
+                    new.copy_within(y * b..(y + 1) * b, x * b);
+                    new[y * b..(y + 1) * b].copy_from_slice(&block_x);
+                }
+                _ => {}
+            }
+        }
+        round_trip(&old, &new, block_size);
+    }
+}
+
+#[test]
+fn planning_in_pieces_gives_the_same_operations() {
+    let old = random(3000 * B, 18);
+    let mut new = old.clone();
+    new[100 * B..400 * B].copy_from_slice(&random(300 * B, 19));
+    new[500 * B..900 * B].fill(0);
+    let planner = Planner::new(BS, old.len() as u64, digests(&old, BS)).unwrap();
+    let mut plan = Plan::new(BS);
+    let mut streamed = Vec::new();
+    for (index, block) in new.chunks(B).enumerate() {
+        plan.push(index as u64, planner.decide(index as u64, block), block);
+        streamed.extend(plan.take_closed());
+    }
+    streamed.extend(plan.finish());
+    assert_eq!(streamed, plan_image(&planner, &new));
+    // 300 changed blocks make REPLACEs of at most MAX_REPLACE_BYTES each.
+    assert!(streamed.iter().all(|op| match op {
+        Op::Replace { data, .. } => data.len() <= MAX_REPLACE_BYTES,
+        _ => true,
+    }));
+    assert_eq!(replaced_bytes(&streamed), 300 * B);
+}
+
+#[test]
+fn operations_outside_the_images_are_refused() {
+    let (old_len, new_len) = (10 * B as u64, 8 * B as u64 + 10);
+    let refused = |op: Op| {
+        let error = check(&op, BS, old_len, new_len).unwrap_err();
+        assert!(!error.to_string().is_empty());
+        error
+    };
+    assert!(matches!(
+        refused(Op::Zero { start: 8, count: 2 }),
+        ApplyError::PastNewEnd { .. }
+    ));
+    assert!(matches!(
+        refused(Op::Copy {
+            start: 0,
+            from: 9,
+            count: 2
+        }),
+        ApplyError::PastOldEnd { .. }
+    ));
+    // The new image's short last block cannot come from a full old one.
+    assert!(matches!(
+        refused(Op::Copy {
+            start: 8,
+            from: 0,
+            count: 1
+        }),
+        ApplyError::PastOldEnd { .. }
+    ));
+    assert!(matches!(
+        refused(Op::Replace {
+            start: 2,
+            data: Bytes::from(vec![1; B + 1])
+        }),
+        ApplyError::ReplaceLength { .. }
+    ));
+    assert!(matches!(
+        refused(Op::Zero {
+            start: u64::MAX,
+            count: 2
+        }),
+        ApplyError::PastNewEnd { .. }
+    ));
+    check(
+        &Op::Replace {
+            start: 8,
+            data: Bytes::from(vec![1; 10]),
+        },
+        BS,
+        old_len,
+        new_len,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_wrong_number_of_digests_is_refused() {
+    let error = Planner::new(BS, 10 * B as u64 + 1, vec![BlockDigest([0; 16]); 10])
+        .err()
+        .unwrap();
+    assert_eq!(error.expected, 11);
+    assert!(BlockSize::new(3000).is_none());
+    assert!(BlockSize::new(256).is_none());
+    assert_eq!(BlockSize::new(65536).unwrap().bytes(), 65536);
+}

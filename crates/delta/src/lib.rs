@@ -24,6 +24,7 @@ mod block;
 mod digest;
 mod plan;
 mod schedule;
+pub mod wire;
 
 pub use apply::{apply_beside, apply_in_place, check, ApplyError, BlockStore};
 pub use block::BlockSize;

@@ -370,3 +370,140 @@ fn a_wrong_number_of_digests_is_refused() {
     assert!(BlockSize::new(256).is_none());
     assert_eq!(BlockSize::new(65536).unwrap().bytes(), 65536);
 }
+
+mod wire_format {
+    use super::*;
+    use crate::wire::{encode, Decoder, Message, Target, WireError, MAX_BODY};
+    use bytes::BytesMut;
+
+    fn all_messages() -> Vec<Message> {
+        vec![
+            Message::Begin {
+                block_size: BS,
+                new_len: 1 << 33,
+                mode: 0o644,
+                path: "/data/local/tmp/rootfs.img".into(),
+            },
+            Message::Index {
+                target: Target::BlockDevice,
+                old_len: 12345,
+            },
+            Message::Index {
+                target: Target::Absent,
+                old_len: 0,
+            },
+            Message::Digests {
+                start: 7,
+                digests: digests(&random(5 * B, 20), BS),
+            },
+            Message::Op(Op::Copy {
+                start: 1,
+                from: 2,
+                count: 3,
+            }),
+            Message::Op(Op::Zero { start: 4, count: 5 }),
+            // Compressible and incompressible data take different encodings.
+            Message::Op(Op::Replace {
+                start: 6,
+                data: Bytes::from(vec![7u8; 3 * B]),
+            }),
+            Message::Op(Op::Replace {
+                start: 9,
+                data: Bytes::from(random(MAX_REPLACE_BYTES, 21)),
+            }),
+            Message::End { digest: [1; 32] },
+            Message::Done { digest: [2; 32] },
+            Message::Fail {
+                message: "couldn't open /dev/block/x: Permission denied".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_survives_the_wire_in_pieces_of_any_size() {
+        let messages = all_messages();
+        let mut out = BytesMut::new();
+        for message in &messages {
+            encode(message, &mut out);
+        }
+        for piece in [1usize, 3, 4096, out.len()] {
+            let mut decoder = Decoder::new();
+            let mut decoded = Vec::new();
+            for bytes in out.chunks(piece) {
+                decoder.feed(bytes);
+                while let Some(message) = decoder.next_message().unwrap() {
+                    decoded.push(message);
+                }
+            }
+            assert_eq!(decoded, messages);
+            assert_eq!(decoder.pending(), 0);
+        }
+    }
+
+    #[test]
+    fn compressible_data_crosses_compressed() {
+        let mut out = BytesMut::new();
+        encode(
+            &Message::Op(Op::Replace {
+                start: 0,
+                data: Bytes::from(vec![0x61u8; MAX_REPLACE_BYTES]),
+            }),
+            &mut out,
+        );
+        assert!(out.len() < 4096, "{} bytes", out.len());
+    }
+
+    fn decode_one(frame: &[u8]) -> Result<Option<Message>, WireError> {
+        let mut decoder = Decoder::new();
+        decoder.feed(frame);
+        decoder.next_message()
+    }
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(body);
+        frame
+    }
+
+    #[test]
+    fn malformed_messages_are_refused_with_what_was_wrong() {
+        let too_large = ((MAX_BODY + 1) as u32).to_le_bytes();
+        assert_eq!(
+            decode_one(&too_large),
+            Err(WireError::TooLarge(MAX_BODY + 1))
+        );
+        assert_eq!(decode_one(&framed(b"Q")), Err(WireError::UnknownTag(b'Q')));
+        for body in [
+            &b""[..],
+            b"C\x01\x02",
+            b"Z",
+            b"I\x07\0\0\0\0\0\0\0\0",
+            b"D\0\0\0\0\0\0\0\0\x01\x02",
+            b"E\x01",
+        ] {
+            let error = decode_one(&framed(body)).unwrap_err();
+            assert!(matches!(error, WireError::Malformed { .. }), "{error}");
+        }
+        // A block size that is not a power of two.
+        let mut begin = b"B".to_vec();
+        begin.extend_from_slice(&3000u32.to_le_bytes());
+        begin.extend_from_slice(&[0; 12]);
+        assert!(decode_one(&framed(&begin))
+            .unwrap_err()
+            .to_string()
+            .contains("block size 3000"));
+        // Data that decompresses to more than announced.
+        let bomb = zstd::bulk::compress(&vec![0u8; 1 << 20], 3).unwrap();
+        let mut replace = b"R".to_vec();
+        replace.extend_from_slice(&0u64.to_le_bytes());
+        replace.extend_from_slice(&4096u32.to_le_bytes());
+        replace.push(1);
+        replace.extend_from_slice(&bomb);
+        assert!(decode_one(&framed(&replace))
+            .unwrap_err()
+            .to_string()
+            .contains("zstd"));
+        // A frame cut short is not a message yet.
+        assert_eq!(decode_one(&framed(b"E")[..3]), Ok(None));
+    }
+}

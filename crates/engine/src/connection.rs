@@ -986,11 +986,15 @@ impl Connection {
     }
 
     fn go_online(&mut self, peer: Peer) {
+        let mut banner = self.config.banner.clone();
+        banner.features.retain(|f| {
+            !feature::ONLY_IF_ASKED.contains(&f.as_str()) || peer.banner.has_feature(f)
+        });
         let reply = Packet::new(
             Command::Cnxn,
             peer.version,
             peer.max_payload,
-            self.config.banner.encode().into_bytes(),
+            banner.encode().into_bytes(),
         );
         self.handshake = Handshake::Online(peer);
         self.handshake_completed = true;

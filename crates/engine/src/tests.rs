@@ -119,6 +119,27 @@ fn handshake_negotiates_minimums_and_features() {
 }
 
 #[test]
+fn features_only_if_asked_reach_only_hosts_that_asked() {
+    let mut device = config(Role::Device, true);
+    device.banner.features.push(feature::OXADB_DELTA.into());
+    // Stock adb does not name it: the device does not either.
+    let pair = Pair::new(config(Role::Host, true), device.clone());
+    let seen = &pair.host.peer().unwrap().banner;
+    assert!(!seen.has_feature(feature::OXADB_DELTA));
+    assert!(seen.has_feature(feature::SHELL_V2));
+    // A host that names it sees it.
+    let mut host = config(Role::Host, true);
+    host.banner.features.push(feature::OXADB_DELTA.into());
+    let pair = Pair::new(host, device);
+    assert!(pair
+        .host
+        .peer()
+        .unwrap()
+        .banner
+        .has_feature(feature::OXADB_DELTA));
+}
+
+#[test]
 fn delayed_ack_needs_both_sides() {
     let pair = Pair::new(config(Role::Host, false), config(Role::Device, true));
     assert!(!pair.device.peer().unwrap().delayed_ack);

@@ -23,6 +23,13 @@ pub mod feature {
     /// tells it what the path is (docs/protocol.md, "Pulls in two round
     /// trips"). Against AOSP's adbd that would block on a FIFO.
     pub const OXADB_RECV_AHEAD: &str = "oxadb_recv_ahead";
+    /// oxadbd's own: the `oxadb-delta:` service, which builds an image from
+    /// block operations on the old one (docs/delta.md).
+    pub const OXADB_DELTA: &str = "oxadb_delta";
+
+    /// Features a device names in its CNXN only when the host's CNXN named
+    /// them too, and serves only then: stock adb never sees them.
+    pub const ONLY_IF_ASKED: &[&str] = &[OXADB_DELTA];
 
     /// What oxadb implements on both sides, besides `delayed_ack` (which is a
     /// per-connection choice): shell protocol v2 and the whole sync protocol.

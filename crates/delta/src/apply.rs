@@ -54,6 +54,10 @@ pub enum ApplyError {
     },
     #[error("writing the new image at byte {offset}: {source}")]
     Write { offset: u64, source: io::Error },
+    #[error("{op} came after zeros or new data: in place, every copy comes first")]
+    CopyAfterWrites { op: String },
+    #[error("{op} is not a copy")]
+    NotACopy { op: String },
 }
 
 /// The shape of an operation, for error messages (not its data).
@@ -126,33 +130,40 @@ pub fn apply_beside(
     new_len: u64,
     ops: &[Op],
 ) -> Result<(), ApplyError> {
-    let bs = u64::from(block_size.bytes());
-    let mut buffer = Vec::new();
     for op in ops {
-        check(op, block_size, old_len, new_len)?;
-        match op {
-            Op::Copy { start, from, count } => {
-                let mut done = 0;
-                while done < *count {
-                    let blocks = (*count - done).min(COPY_CHUNK_BLOCKS);
-                    let read_at = (from + done) * bs;
-                    let bytes = (blocks * bs).min(old_len - read_at) as usize;
-                    buffer.resize(bytes, 0);
-                    old.read_exact_at(read_at, &mut buffer)
-                        .map_err(|source| ApplyError::Read {
-                            what: "the old image",
-                            offset: read_at,
-                            source,
-                        })?;
-                    write(new, (start + done) * bs, &buffer)?;
-                    done += blocks;
-                }
-            }
-            Op::Zero { start, count } => zero(new, block_size, *start, *count, new_len)?,
-            Op::Replace { start, data } => write(new, start * bs, data)?,
-        }
+        apply_beside_op(old, new, block_size, old_len, new_len, op)?;
     }
     Ok(())
+}
+
+/// One operation of [`apply_beside`], as it arrives.
+pub fn apply_beside_op(
+    old: &mut (impl BlockStore + ?Sized),
+    new: &mut (impl BlockStore + ?Sized),
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+    op: &Op,
+) -> Result<(), ApplyError> {
+    check(op, block_size, old_len, new_len)?;
+    let bs = u64::from(block_size.bytes());
+    match op {
+        Op::Copy { start, from, count } => {
+            let mut buffer = Vec::new();
+            let mut done = 0;
+            while done < *count {
+                let blocks = (*count - done).min(COPY_CHUNK_BLOCKS);
+                let read_at = (from + done) * bs;
+                let bytes = (blocks * bs).min(old_len - read_at) as usize;
+                buffer.resize(bytes, 0);
+                read_old(old, read_at, &mut buffer)?;
+                write(new, (start + done) * bs, &buffer)?;
+                done += blocks;
+            }
+            Ok(())
+        }
+        Op::Zero { .. } | Op::Replace { .. } => apply_write_op(new, block_size, new_len, op),
+    }
 }
 
 /// Turns the old image in `store` into the new one: the copies first, in
@@ -165,36 +176,49 @@ pub fn apply_in_place(
     new_len: u64,
     ops: &[Op],
 ) -> Result<(), ApplyError> {
-    for op in ops {
+    let (copies, writes): (Vec<Op>, Vec<Op>) = ops
+        .iter()
+        .cloned()
+        .partition(|op| matches!(op, Op::Copy { .. }));
+    apply_copies_in_place(store, block_size, old_len, new_len, &copies)?;
+    for op in &writes {
+        apply_write(store, block_size, old_len, new_len, op)?;
+    }
+    Ok(())
+}
+
+/// Every Copy of a plan applied in place, in [`InPlaceSchedule`]'s order:
+/// before any Zero or Replace, which may overwrite their sources.
+pub fn apply_copies_in_place(
+    store: &mut (impl BlockStore + ?Sized),
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+    copies: &[Op],
+) -> Result<(), ApplyError> {
+    for op in copies {
         check(op, block_size, old_len, new_len)?;
+        if !matches!(op, Op::Copy { .. }) {
+            return Err(ApplyError::NotACopy { op: describe(op) });
+        }
     }
     let bs = u64::from(block_size.bytes());
-    let schedule = InPlaceSchedule::new(ops);
+    let schedule = InPlaceSchedule::new(copies);
     let mut slots: Vec<Vec<u8>> = Vec::with_capacity(schedule.slots);
-    let mut buffer = vec![0u8; bs as usize];
-    let read = |store: &mut dyn BlockStore, block: u64, buffer: &mut Vec<u8>| {
-        let offset = block * bs;
-        buffer.resize(block_size.len_of(block, old_len), 0);
-        store
-            .read_exact_at(offset, buffer)
-            .map_err(|source| ApplyError::Read {
-                what: "the old image",
-                offset,
-                source,
-            })
-    };
+    let mut buffer = Vec::new();
     for step in &schedule.steps {
         match *step {
             Step::Stage { block, slot } => {
                 debug_assert_eq!(slot, slots.len());
-                let mut staged = Vec::new();
-                read(store, block, &mut staged)?;
+                let mut staged = vec![0u8; block_size.len_of(block, old_len)];
+                read_old(store, block * bs, &mut staged)?;
                 slots.push(staged);
             }
             Step::Copy { block, from } => {
                 let data = match from {
                     Read::Old(source) => {
-                        read(store, source, &mut buffer)?;
+                        buffer.resize(block_size.len_of(source, old_len), 0);
+                        read_old(store, source * bs, &mut buffer)?;
                         &buffer
                     }
                     Read::Staged(slot) => &slots[slot],
@@ -203,14 +227,48 @@ pub fn apply_in_place(
             }
         }
     }
-    for op in ops {
-        match op {
-            Op::Copy { .. } => {}
-            Op::Zero { start, count } => zero(store, block_size, *start, *count, new_len)?,
-            Op::Replace { start, data } => write(store, start * bs, data)?,
-        }
-    }
     Ok(())
+}
+
+/// A Zero or Replace, checked, written into `store`: the new image beside
+/// the old one, or the device once every copy is done.
+pub fn apply_write(
+    store: &mut (impl BlockStore + ?Sized),
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+    op: &Op,
+) -> Result<(), ApplyError> {
+    check(op, block_size, old_len, new_len)?;
+    apply_write_op(store, block_size, new_len, op)
+}
+
+fn apply_write_op(
+    store: &mut (impl BlockStore + ?Sized),
+    block_size: BlockSize,
+    new_len: u64,
+    op: &Op,
+) -> Result<(), ApplyError> {
+    let bs = u64::from(block_size.bytes());
+    match op {
+        Op::Zero { start, count } => zero(store, block_size, *start, *count, new_len),
+        Op::Replace { start, data } => write(store, start * bs, data),
+        Op::Copy { .. } => Err(ApplyError::CopyAfterWrites { op: describe(op) }),
+    }
+}
+
+fn read_old(
+    store: &mut (impl BlockStore + ?Sized),
+    offset: u64,
+    buffer: &mut [u8],
+) -> Result<(), ApplyError> {
+    store
+        .read_exact_at(offset, buffer)
+        .map_err(|source| ApplyError::Read {
+            what: "the old image",
+            offset,
+            source,
+        })
 }
 
 fn write(

@@ -26,7 +26,10 @@ mod plan;
 mod schedule;
 pub mod wire;
 
-pub use apply::{apply_beside, apply_in_place, check, ApplyError, BlockStore};
+pub use apply::{
+    apply_beside, apply_beside_op, apply_copies_in_place, apply_in_place, apply_write, check,
+    ApplyError, BlockStore,
+};
 pub use block::BlockSize;
 pub use digest::{BlockDigest, ImageDigest, DIGEST_LEN};
 pub use plan::{plan_image, Decision, DigestCountError, Op, Plan, Planner, MAX_REPLACE_BYTES};

@@ -507,3 +507,25 @@ mod wire_format {
         assert_eq!(decode_one(&framed(b"E")[..3]), Ok(None));
     }
 }
+
+#[test]
+fn in_place_copies_come_before_every_write() {
+    let mut device = Memory(random(8 * B, 22));
+    let zero = Op::Zero { start: 0, count: 1 };
+    let copy = Op::Copy {
+        start: 1,
+        from: 2,
+        count: 1,
+    };
+    let len = 8 * B as u64;
+    assert!(matches!(
+        apply_copies_in_place(&mut device, BS, len, len, &[copy.clone(), zero.clone()]),
+        Err(ApplyError::NotACopy { .. })
+    ));
+    assert!(matches!(
+        apply_write(&mut device, BS, len, len, &copy),
+        Err(ApplyError::CopyAfterWrites { .. })
+    ));
+    apply_write(&mut device, BS, len, len, &zero).unwrap();
+    assert!(device.0[..B].iter().all(|&b| b == 0));
+}

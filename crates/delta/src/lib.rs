@@ -32,7 +32,9 @@ pub use apply::{
 };
 pub use block::BlockSize;
 pub use digest::{BlockDigest, ImageDigest, DIGEST_LEN};
-pub use plan::{plan_image, Decision, DigestCountError, Op, Plan, Planner, MAX_REPLACE_BYTES};
+pub use plan::{
+    plan_image, Decision, DigestCountError, Keep, Op, Plan, Planner, MAX_REPLACE_BYTES,
+};
 pub use schedule::{InPlaceSchedule, Read, Step};
 
 #[cfg(test)]

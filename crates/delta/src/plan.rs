@@ -135,9 +135,21 @@ impl Op {
     }
 }
 
+/// Which operations a [`Plan`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    All,
+    /// Copies only (unchanged blocks included): what goes first when a
+    /// plan is applied in place; no block data is needed.
+    Copies,
+    /// Zeros and new data only: what follows the copies.
+    Writes,
+}
+
 /// Decisions coalesced into operations, in the new image's block order.
 pub struct Plan {
     block_size: BlockSize,
+    keep: Keep,
     next: u64,
     /// Closed operations, then the open one (which may still grow).
     ops: Vec<Op>,
@@ -153,8 +165,15 @@ pub const MAX_REPLACE_BYTES: usize = 1 << 20;
 
 impl Plan {
     pub fn new(block_size: BlockSize) -> Plan {
+        Plan::keeping(block_size, Keep::All)
+    }
+
+    /// A plan that makes only the operations `keep` names; the others'
+    /// blocks are passed over (a copies-only plan needs no block data).
+    pub fn keeping(block_size: BlockSize, keep: Keep) -> Plan {
         Plan {
             block_size,
+            keep,
             next: 0,
             ops: Vec::new(),
             replace: BytesMut::new(),
@@ -169,6 +188,15 @@ impl Plan {
         self.next += 1;
         if decision != Decision::Replace {
             self.close_replace();
+        }
+        let is_copy = matches!(decision, Decision::Same | Decision::Copy { .. });
+        let kept = match self.keep {
+            Keep::All => true,
+            Keep::Copies => is_copy,
+            Keep::Writes => !is_copy,
+        };
+        if !kept {
+            return;
         }
         match decision {
             Decision::Same => self.extend_copy(index, index),

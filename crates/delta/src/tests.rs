@@ -529,3 +529,39 @@ fn in_place_copies_come_before_every_write() {
     apply_write(&mut device, BS, len, len, &zero).unwrap();
     assert!(device.0[..B].iter().all(|&b| b == 0));
 }
+
+#[test]
+fn copies_first_then_writes_is_the_whole_plan() {
+    let old = random(300 * B, 23);
+    let mut new = old.clone();
+    new[10 * B..30 * B].copy_from_slice(&old[200 * B..220 * B]);
+    new[50 * B..60 * B].fill(0);
+    new[70 * B..90 * B].copy_from_slice(&random(20 * B, 24));
+    let planner = Planner::new(BS, old.len() as u64, digests(&old, BS)).unwrap();
+    let decisions: Vec<Decision> = new
+        .chunks(B)
+        .enumerate()
+        .map(|(i, block)| planner.decide(i as u64, block))
+        .collect();
+    let mut copies = Plan::keeping(BS, Keep::Copies);
+    for (i, decision) in decisions.iter().enumerate() {
+        // No data: a copies-only plan never looks at it.
+        copies.push(i as u64, *decision, &[]);
+    }
+    let mut writes = Plan::keeping(BS, Keep::Writes);
+    for (i, block) in new.chunks(B).enumerate() {
+        writes.push(i as u64, decisions[i], block);
+    }
+    let (copies, writes) = (copies.finish(), writes.finish());
+    assert!(copies.iter().all(|op| matches!(op, Op::Copy { .. })));
+    assert!(writes.iter().all(|op| !matches!(op, Op::Copy { .. })));
+    let mut all: Vec<Op> = copies.iter().chain(&writes).cloned().collect();
+    all.sort_by_key(Op::start);
+    assert_eq!(all, plan_image(&planner, &new));
+    let mut device = Memory(old.clone());
+    apply_copies_in_place(&mut device, BS, old.len() as u64, new.len() as u64, &copies).unwrap();
+    for op in &writes {
+        apply_write(&mut device, BS, old.len() as u64, new.len() as u64, op).unwrap();
+    }
+    assert!(device.0 == new);
+}

@@ -48,6 +48,16 @@ impl Incoming {
         self.id
     }
 
+    /// Whether the peer's CNXN named `feature`: a service offered only to
+    /// peers that asked for it checks this before accepting.
+    pub fn peer_has_feature(&self, feature: &str) -> bool {
+        let state = self.shared.lock();
+        state
+            .engine
+            .peer()
+            .is_some_and(|peer| peer.banner.has_feature(feature))
+    }
+
     pub fn accept(mut self) -> AdbStream {
         self.answered = true;
         let mut state = self.shared.lock();

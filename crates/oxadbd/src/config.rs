@@ -727,6 +727,8 @@ impl DaemonConfig {
         banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
         // services/sync/pull.rs refuses what it cannot stream before opening it.
         banner.features.push(feature::OXADB_RECV_AHEAD.to_string());
+        // Named in the CNXN only to hosts that name it (engine, ONLY_IF_ASKED).
+        banner.features.push(feature::OXADB_DELTA.to_string());
         banner
     }
 

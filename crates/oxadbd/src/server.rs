@@ -21,7 +21,7 @@ use crate::config::{DaemonConfig, Keyless};
 use crate::peer_owner::{self, Owner};
 use crate::services::command::{self, Route};
 use crate::services::props::{Identity, Properties};
-use crate::services::{device, forward, framebuffer, reverse, serial, shell, sync, tcpip};
+use crate::services::{delta, device, forward, framebuffer, reverse, serial, shell, sync, tcpip};
 
 /// What every connection of the daemon shares, whatever its transport.
 pub struct Daemon {
@@ -584,6 +584,19 @@ async fn open_service(
             if let Err(error) = sync::serve(stream, daemon.sync.clone()).await {
                 tracing::warn!(%error, "sync service failed");
             }
+        }
+        DeviceService::Delta if incoming.peer_has_feature(oxadb_wire::feature::OXADB_DELTA) => {
+            let storage = daemon.sync.storage.clone();
+            if let Err(error) = delta::serve(incoming.accept(), storage).await {
+                tracing::warn!(%error, "delta service failed");
+            }
+        }
+        DeviceService::Delta => {
+            refusal!(
+                refusals,
+                "refusing oxadb-delta: the host did not negotiate oxadb_delta"
+            );
+            incoming.refuse();
         }
         DeviceService::Reverse(request) => {
             if let Err(error) = reverses.serve(incoming.accept(), Ok(request)).await {

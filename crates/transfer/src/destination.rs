@@ -107,7 +107,10 @@ impl Destination {
 
     fn create_temp(path: &Path, policy: &Policy, storage: &Storage) -> Result<Kind, DestError> {
         let created = create_beside(path, policy, storage, |candidate| {
+            // Readable too: a delta reads back what it built before the
+            // rename (oxadbd's services/delta.rs).
             OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .mode(0o600)

@@ -198,6 +198,10 @@ pub enum DeviceService {
     Sink(u64),
     /// `source:BYTES` (writes that many bytes).
     Source(u64),
+    /// `oxadb-delta:`, oxadbd's own: an image built from block operations
+    /// on the old one (docs/delta.md), for hosts that negotiated
+    /// `oxadb_delta`.
+    Delta,
 }
 
 impl DeviceService {
@@ -220,6 +224,7 @@ fn parse_device(service: &str) -> Result<DeviceService, ServiceProblem> {
     use DeviceService::*;
     match service {
         "sync:" => return Ok(Sync),
+        "oxadb-delta:" => return Ok(Delta),
         "track-jdwp" => return Ok(TrackJdwp),
         "track-app" => return Ok(TrackApp),
         _ => {}
@@ -383,6 +388,7 @@ impl fmt::Display for DeviceService {
             AbbExec(args) => write!(f, "abb_exec:{args}"),
             Sink(bytes) => write!(f, "sink:{bytes}"),
             Source(bytes) => write!(f, "source:{bytes}"),
+            Delta => f.write_str("oxadb-delta:"),
         }
     }
 }
@@ -1350,7 +1356,8 @@ mod tests {
 
         fn device(&mut self) -> DeviceService {
             use DeviceService::*;
-            match self.below(28) {
+            match self.below(29) {
+                28 => Delta,
                 0 => Shell(ShellService {
                     protocol: if self.coin() {
                         ShellProtocol::V2

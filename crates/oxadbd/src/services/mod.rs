@@ -5,6 +5,7 @@
 //! `props` serve it, both on `invocation`'s words (dependencies go that one
 //! way).
 pub mod command;
+pub mod delta;
 pub mod device;
 pub mod forward;
 pub mod framebuffer;

@@ -1,0 +1,446 @@
+//! `oxadb-delta:`: an image built on the device from block operations on
+//! the old one (docs/delta.md). The stream's messages are
+//! `oxadb_delta::wire`'s; this file opens the destination, sends the old
+//! image's block digests, applies what the host sends and checks the result
+//! against the host's digest. A regular file is built beside the old one
+//! and renamed over it only when the digests agree, as a push is
+//! (`oxadb_transfer::Destination`); a block device is written in place,
+//! every copy before anything that may overwrite its source.
+//!
+//! File work blocks, so it runs on a blocking thread that the stream's
+//! reader and writer feed through bounded queues.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::{Path, PathBuf};
+
+use bytes::{Bytes, BytesMut};
+use oxadb_delta::wire::{self, Decoder, Message, Target, DIGESTS_PER_MESSAGE};
+use oxadb_delta::{
+    apply_beside_op, apply_copies_in_place, apply_write, BlockDigest, BlockSize, BlockStore,
+    ImageDigest, Op,
+};
+use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// Bytes read at a time when hashing an image.
+const READ_CHUNK: usize = 1 << 20;
+
+/// Messages queued each way between the stream and the file thread.
+const QUEUE: usize = 4;
+
+/// Serves one `oxadb-delta:` stream to its end.
+pub async fn serve<S>(stream: S, storage: Storage) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (to_worker, from_host) = mpsc::channel::<Message>(QUEUE);
+    let (to_host, mut from_worker) = mpsc::channel::<Bytes>(QUEUE);
+    let worker = tokio::task::spawn_blocking(move || {
+        let mut link = Link { from_host, to_host };
+        let outcome = run(&mut link, &storage);
+        if let Err(message) = outcome {
+            tracing::warn!(%message, "delta failed");
+            link.send(&Message::Fail { message });
+        }
+    });
+    let (mut read, mut write) = tokio::io::split(stream);
+    let reading = async move {
+        let mut decoder = Decoder::new();
+        loop {
+            let Some(chunk) = read_chunk(&mut read).await? else {
+                return io::Result::Ok(());
+            };
+            decoder.feed(&chunk);
+            loop {
+                match decoder.next_message() {
+                    Ok(Some(message)) => {
+                        if to_worker.send(message).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        // The file thread hears it as the host's failure.
+                        let _ = to_worker
+                            .send(Message::Fail {
+                                message: error.to_string(),
+                            })
+                            .await;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    };
+    let writing = async move {
+        while let Some(bytes) = from_worker.recv().await {
+            write.write_all(&bytes).await?;
+        }
+        write.flush().await?;
+        write.shutdown().await
+    };
+    let (read_result, write_result) = tokio::join!(reading, writing);
+    worker.await.map_err(io::Error::other)?;
+    read_result.and(write_result)
+}
+
+async fn read_chunk<R: AsyncRead + Unpin>(read: &mut R) -> io::Result<Option<Bytes>> {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = BytesMut::with_capacity(256 * 1024);
+    match read.read_buf(&mut buffer).await? {
+        0 => Ok(None),
+        _ => Ok(Some(buffer.freeze())),
+    }
+}
+
+/// The file thread's ends of the two queues.
+struct Link {
+    from_host: mpsc::Receiver<Message>,
+    to_host: mpsc::Sender<Bytes>,
+}
+
+impl Link {
+    fn send(&mut self, message: &Message) -> bool {
+        let mut out = BytesMut::new();
+        wire::encode(message, &mut out);
+        self.to_host.blocking_send(out.freeze()).is_ok()
+    }
+
+    fn receive(&mut self) -> Result<Message, String> {
+        match self.from_host.blocking_recv() {
+            Some(Message::Fail { message }) => Err(format!("the host gave up: {message}")),
+            Some(message) => Ok(message),
+            None => Err("the host closed the stream".into()),
+        }
+    }
+}
+
+/// What the destination is, opened.
+enum Old {
+    Absent,
+    File { file: File },
+    BlockDevice { device: File, size: u64 },
+}
+
+fn run(link: &mut Link, storage: &Storage) -> Result<(), String> {
+    let Message::Begin {
+        block_size,
+        new_len,
+        mode,
+        path,
+    } = link.receive()?
+    else {
+        return Err("the delta did not start with BEGIN".into());
+    };
+    let path = PathBuf::from(path);
+    if !path.is_absolute() {
+        return Err(format!("'{}' is not an absolute path", path.display()));
+    }
+    let Some(_in_flight) = crate::stop::push_started() else {
+        return Err(format!(
+            "couldn't push '{}': oxadbd is stopping",
+            path.display()
+        ));
+    };
+    let failed = |what: &str, error: &dyn std::fmt::Display| {
+        format!("couldn't {what} '{}': {error}", path.display())
+    };
+    let old = open_old(&path).map_err(|error| failed("open", &error))?;
+    let (target, old_len) = match &old {
+        Old::Absent => (Target::Absent, 0),
+        Old::File { file } => (
+            Target::File,
+            file.metadata().map_err(|e| failed("stat", &e))?.len(),
+        ),
+        Old::BlockDevice { size, .. } => (Target::BlockDevice, *size),
+    };
+    tracing::info!(path = %path.display(), ?target, old_len, new_len, "delta");
+    if !link.send(&Message::Index { target, old_len }) {
+        return Err("the host closed the stream".into());
+    }
+    let old_file = match &old {
+        Old::Absent => None,
+        Old::File { file } => Some(file),
+        Old::BlockDevice { device, .. } => Some(device),
+    };
+    if let Some(file) = old_file {
+        send_digests(link, file, block_size, old_len).map_err(|error| failed("read", &error))?;
+    }
+    match old {
+        Old::BlockDevice { device, size } => {
+            if new_len > size {
+                return Err(format!(
+                    "couldn't write '{}': the image is {new_len} bytes, the device {size}",
+                    path.display()
+                ));
+            }
+            let digest = build_in_place(link, &device, block_size, old_len, new_len)
+                .map_err(|error| failed("write", &error))?;
+            // A block device has no rename to wait for: flushed unless told not to.
+            if storage.durability != Durability::None {
+                device.sync_all().map_err(|e| failed("flush", &e))?;
+            }
+            link.send(&Message::Done { digest });
+            Ok(())
+        }
+        old => {
+            let destination = Destination::open(&path, &Policy::DAEMON, storage)
+                .map_err(|error| failed("create", &error))?;
+            if !destination.is_atomic() {
+                return Err(format!(
+                    "couldn't build '{}' beside the old file: the directory takes no new files",
+                    path.display()
+                ));
+            }
+            destination
+                .file()
+                .set_len(new_len)
+                .map_err(|e| failed("size", &e))?;
+            let old_file = match &old {
+                Old::File { file } => Some(file),
+                _ => None,
+            };
+            let digest = build_beside(
+                link,
+                old_file,
+                destination.file(),
+                block_size,
+                old_len,
+                new_len,
+            )
+            .map_err(|error| failed("write", &error))?;
+            destination
+                .commit(Attributes {
+                    mode: Some(mode),
+                    mtime: None,
+                })
+                .map_err(|error| failed("commit", &error))?;
+            link.send(&Message::Done { digest });
+            Ok(())
+        }
+    }
+}
+
+fn open_old(path: &Path) -> io::Result<Old> {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Old::Absent),
+        Err(error) => return Err(error),
+    };
+    let kind = metadata.file_type();
+    if kind.is_symlink() {
+        // Replaced by the new file, as a push replaces it.
+        return Ok(Old::Absent);
+    }
+    if kind.is_file() {
+        return Ok(Old::File {
+            file: File::open(path)?,
+        });
+    }
+    if kind.is_block_device() {
+        let mut device = OpenOptions::new().read(true).write(true).open(path)?;
+        let size = device.seek(SeekFrom::End(0))?;
+        return Ok(Old::BlockDevice { device, size });
+    }
+    Err(io::Error::other(
+        "not a regular file or a block device: a delta needs one",
+    ))
+}
+
+/// The old image's block digests, in batches, read a megabyte at a time.
+fn send_digests(link: &mut Link, file: &File, block_size: BlockSize, len: u64) -> io::Result<()> {
+    let bs = block_size.bytes() as usize;
+    let mut buffer = vec![0u8; READ_CHUNK.max(bs)];
+    let mut batch = Vec::with_capacity(DIGESTS_PER_MESSAGE);
+    let mut batch_start = 0u64;
+    let mut offset = 0u64;
+    while offset < len {
+        let n = (len - offset).min(buffer.len() as u64) as usize;
+        file.read_exact_at(&mut buffer[..n], offset)?;
+        for block in buffer[..n].chunks(bs) {
+            batch.push(BlockDigest::of(block));
+            if batch.len() == DIGESTS_PER_MESSAGE {
+                let digests =
+                    std::mem::replace(&mut batch, Vec::with_capacity(DIGESTS_PER_MESSAGE));
+                let count = digests.len() as u64;
+                if !link.send(&Message::Digests {
+                    start: batch_start,
+                    digests,
+                }) {
+                    return Err(io::Error::other("the host closed the stream"));
+                }
+                batch_start += count;
+            }
+        }
+        offset += n as u64;
+    }
+    if !batch.is_empty() {
+        link.send(&Message::Digests {
+            start: batch_start,
+            digests: batch,
+        });
+    }
+    Ok(())
+}
+
+/// A file as a store of blocks.
+struct FileStore<'a> {
+    file: &'a File,
+    /// A fresh file reads as zeros already: Zero operations leave holes.
+    fresh: bool,
+}
+
+impl BlockStore for FileStore<'_> {
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_all_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
+    fn write_zeros_at(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        if self.fresh {
+            return Ok(());
+        }
+        let zeros = vec![0u8; len.min(READ_CHUNK as u64) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// An old image that is not there: nothing to read.
+struct NoOldImage;
+
+impl BlockStore for NoOldImage {
+    fn read_exact_at(&mut self, _offset: u64, _buf: &mut [u8]) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+    }
+
+    fn write_all_at(&mut self, _offset: u64, _data: &[u8]) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::PermissionDenied))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum BuildError {
+    #[error("{0}")]
+    Apply(#[from] oxadb_delta::ApplyError),
+    #[error("{0}")]
+    Protocol(String),
+    #[error("reading back the new image: {0}")]
+    ReadBack(io::Error),
+    #[error("the image built differs from the host's (its digest does not match): not installed")]
+    DigestMismatch,
+}
+
+/// Applies operations as they come into `new`, a fresh file of the new
+/// length, reading copies from `old`; returns the new image's digest once
+/// it matches the host's.
+fn build_beside(
+    link: &mut Link,
+    old: Option<&File>,
+    new: &File,
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+) -> Result<[u8; 32], BuildError> {
+    let mut new_store = FileStore {
+        file: new,
+        fresh: true,
+    };
+    let mut old_file_store;
+    let mut no_old = NoOldImage;
+    let old_store: &mut dyn BlockStore = match old {
+        Some(file) => {
+            old_file_store = FileStore { file, fresh: false };
+            &mut old_file_store
+        }
+        None => &mut no_old,
+    };
+    loop {
+        match link.receive().map_err(BuildError::Protocol)? {
+            Message::Op(op) => {
+                apply_beside_op(old_store, &mut new_store, block_size, old_len, new_len, &op)?
+            }
+            Message::End { digest } => return verify(new, new_len, digest),
+            other => return Err(unexpected(&other)),
+        }
+    }
+}
+
+/// Applies operations in place on a block device: copies are gathered until
+/// the first zero or new data, applied in a safe order, then the rest as
+/// it comes.
+fn build_in_place(
+    link: &mut Link,
+    device: &File,
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+) -> Result<[u8; 32], BuildError> {
+    let mut store = FileStore {
+        file: device,
+        fresh: false,
+    };
+    let mut copies: Option<Vec<Op>> = Some(Vec::new());
+    loop {
+        let (op, end) = match link.receive().map_err(BuildError::Protocol)? {
+            Message::Op(op) => (Some(op), None),
+            Message::End { digest } => (None, Some(digest)),
+            other => return Err(unexpected(&other)),
+        };
+        let is_copy = matches!(op, Some(Op::Copy { .. }));
+        if let (Some(pending), false) = (&copies, is_copy) {
+            apply_copies_in_place(&mut store, block_size, old_len, new_len, pending)?;
+            copies = None;
+        }
+        match (op, &mut copies, end) {
+            (Some(op @ Op::Copy { .. }), Some(pending), _) => pending.push(op),
+            (Some(op), _, _) => apply_write(&mut store, block_size, old_len, new_len, &op)?,
+            (None, _, Some(digest)) => return verify(device, new_len, digest),
+            (None, _, None) => unreachable!("an operation or END"),
+        }
+    }
+}
+
+fn unexpected(message: &Message) -> BuildError {
+    let name = match message {
+        Message::Begin { .. } => "BEGIN",
+        Message::Index { .. } => "INDEX",
+        Message::Digests { .. } => "DIGESTS",
+        Message::Op(_) => "an operation",
+        Message::End { .. } => "END",
+        Message::Done { .. } => "DONE",
+        Message::Fail { .. } => "FAIL",
+    };
+    BuildError::Protocol(format!("the host sent {name} among the operations"))
+}
+
+/// Reads the first `len` bytes of `file` back and compares their digest
+/// with the host's.
+fn verify(file: &File, len: u64, expected: [u8; 32]) -> Result<[u8; 32], BuildError> {
+    let mut digest = ImageDigest::new();
+    let mut buffer = vec![0u8; READ_CHUNK];
+    let mut offset = 0u64;
+    while offset < len {
+        let n = (len - offset).min(READ_CHUNK as u64) as usize;
+        file.read_exact_at(&mut buffer[..n], offset)
+            .map_err(BuildError::ReadBack)?;
+        digest.update(&buffer[..n]);
+        offset += n as u64;
+    }
+    let got = digest.finish();
+    if got != expected {
+        return Err(BuildError::DigestMismatch);
+    }
+    Ok(got)
+}

@@ -7,6 +7,7 @@
 #      pinned) under target/peers/adb-34 with scripts/install-adb34.sh, for
 #      the compression and burst-mode interop tests,
 #   3. installs the pinned Python test dependencies (pytest, adb-shell, adbutils),
+#      and e2fsprogs and mount (mkfs.ext4, losetup) if missing,
 #   4. installs Node.js and npm (Debian's nodejs and npm packages) if missing,
 #      and the pinned Tango client and its adb server client (npm ci in
 #      tests/interop/tango),
@@ -78,6 +79,14 @@ if ! command -v strace >/dev/null 2>&1; then
     apt_install strace
 fi
 command -v strace >/dev/null 2>&1 || die "strace is still not on PATH after installing the strace package"
+# test_delta.py builds ext4 images (mkfs.ext4 -d, e2fsprogs) and writes
+# them onto loop devices (losetup, mount).
+if ! command -v mkfs.ext4 >/dev/null 2>&1 || ! command -v losetup >/dev/null 2>&1; then
+    echo "mkfs.ext4 or losetup not found: installing Debian's e2fsprogs and mount packages"
+    apt_install e2fsprogs mount
+fi
+command -v mkfs.ext4 >/dev/null 2>&1 || die "mkfs.ext4 is still not on PATH after installing e2fsprogs"
+command -v losetup >/dev/null 2>&1 || die "losetup is still not on PATH after installing mount"
 # test_disk_full.py mounts tests/interop/faultfs.py through fusepy, which loads libfuse2.
 if ! ldconfig -p | grep -q 'libfuse\.so\.2'; then
     echo "libfuse.so.2 not found: installing Debian's libfuse2 package"

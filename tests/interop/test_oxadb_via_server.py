@@ -161,6 +161,29 @@ def test_push_pull_16_mib(via, device, tmp_path):
     assert sha256_file(back) == digest
 
 
+def test_push_delta_goes_through_oxadb_server_and_falls_back_through_googles(via, device,
+                                                                             tmp_path, request):
+    """`oxadb server` negotiates oxadb_delta with oxadbd and relays the
+    stream; Google's servers do not, so the whole file is pushed, and oxadb
+    says so."""
+    oxadb, _ = via
+    old, new = tmp_path / "old.img", tmp_path / "new.img"
+    write_random(old, 8 << 20)
+    data = bytearray(old.read_bytes())
+    data[4096 * 100:4096 * 110] = os.urandom(4096 * 10)
+    new.write_bytes(bytes(data))
+    remote = tmp_path / "on-device.img"
+    remote.write_bytes(old.read_bytes())
+    r = oxadb("push", "--delta", str(new), str(remote))
+    assert r.rc == 0 and sha256_file(remote) == sha256_file(new), r
+    if request.node.callspec.params["via"] == "oxadb-server":
+        assert "1 file pushed as a delta" in r.out and "does not offer" not in r.err, r
+        sent = int(r.out.split(" of ")[0].rsplit(" ", 1)[1])
+        assert sent < 100 * 1024, r
+    else:
+        assert "does not offer oxadb_delta" in r.err and "1 file pushed" in r.out, r
+
+
 def test_forward_is_held_by_the_server(via, device):
     oxadb, adb = via
     echo = EchoServer.tcp()

@@ -57,6 +57,23 @@ pub enum Message {
     Fail { message: String },
 }
 
+impl Message {
+    /// The message's name on the wire, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Begin { .. } => "BEGIN",
+            Message::Index { .. } => "INDEX",
+            Message::Digests { .. } => "DIGESTS",
+            Message::Op(Op::Copy { .. }) => "COPY",
+            Message::Op(Op::Zero { .. }) => "ZERO",
+            Message::Op(Op::Replace { .. }) => "REPLACE",
+            Message::End { .. } => "END",
+            Message::Done { .. } => "DONE",
+            Message::Fail { .. } => "FAIL",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
     #[error("a delta message of {0} bytes is larger than {MAX_BODY}")]

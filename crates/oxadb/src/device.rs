@@ -451,6 +451,8 @@ impl Drop for Device {
 fn host_config(options: &ConnectOptions) -> Config {
     let mut banner = Banner::new("host");
     banner.features = feature::IMPLEMENTED.iter().map(|f| f.to_string()).collect();
+    // oxadbd offers `oxadb-delta:` only to hosts that name it.
+    banner.features.push(feature::OXADB_DELTA.to_string());
     let mut config = Config::new(Role::Host, banner);
     config.set_credit_mode(options.credit);
     config.memory_budget = Some(

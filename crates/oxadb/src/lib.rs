@@ -16,6 +16,7 @@
 //! # }
 //! ```
 mod byte_stream;
+pub mod delta;
 pub mod device;
 pub mod error;
 mod first_bytes;

@@ -1,5 +1,6 @@
 //! The `oxadb` command line: one module per group of commands.
 pub mod connect;
+pub mod delta;
 pub mod device_services;
 pub mod devices;
 pub mod endpoint;

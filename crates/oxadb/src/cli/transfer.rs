@@ -56,6 +56,14 @@ pub struct PushArgs {
     /// round trip and rate.
     #[arg(long)]
     pub stats: bool,
+    /// Send one file or block device image as block operations on the
+    /// device's old copy of REMOTE (a regular file, or a block device written
+    /// in place): unchanged and moved blocks cross as a few bytes, zeros as
+    /// none, new data zstd-compressed. With -n, print the plan and change
+    /// nothing. Needs oxadbd (feature oxadb_delta); otherwise the whole file
+    /// is pushed. docs/delta.md.
+    #[arg(long, conflicts_with_all = ["sync", "compression"])]
+    pub delta: bool,
     /// Ignored (accepted by adb for compatibility).
     #[arg(short = 'p', hide = true)]
     pub compat_p: bool,
@@ -196,6 +204,9 @@ fn compression_parser() -> impl clap::builder::TypedValueParser<Value = Compress
 /// `oxadb push`: prints adb's summary line per source (and a total for
 /// several) on stdout, a progress bar on stderr when it is a terminal.
 pub async fn push(device: &Endpoint, args: &PushArgs) -> anyhow::Result<()> {
+    if args.delta && super::delta::offered(device) {
+        return super::delta::push(device, args).await;
+    }
     let options = PushOptions {
         sync: args.sync,
         compression: args.compression(),

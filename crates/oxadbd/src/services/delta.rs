@@ -413,16 +413,10 @@ fn build_in_place(
 }
 
 fn unexpected(message: &Message) -> BuildError {
-    let name = match message {
-        Message::Begin { .. } => "BEGIN",
-        Message::Index { .. } => "INDEX",
-        Message::Digests { .. } => "DIGESTS",
-        Message::Op(_) => "an operation",
-        Message::End { .. } => "END",
-        Message::Done { .. } => "DONE",
-        Message::Fail { .. } => "FAIL",
-    };
-    BuildError::Protocol(format!("the host sent {name} among the operations"))
+    BuildError::Protocol(format!(
+        "the host sent {} among the operations",
+        message.name()
+    ))
 }
 
 /// Reads the first `len` bytes of `file` back and compares their digest

@@ -1,0 +1,87 @@
+//! `oxadb push --delta`: one image sent as block operations on the device's
+//! old copy (docs/delta.md), or pushed whole where the device cannot.
+
+use oxadb::delta::{push_delta, DeltaOptions, DeltaSummary, SERVICE};
+use oxadb_delta::wire::Target;
+use oxadb_wire::feature;
+
+use super::endpoint::Endpoint;
+use super::transfer::PushArgs;
+
+/// Whether the device serves deltas; when not, says so on stderr (the
+/// caller then pushes the whole file).
+pub fn offered(device: &Endpoint) -> bool {
+    let offered = device.features().iter().any(|f| f == feature::OXADB_DELTA);
+    if !offered {
+        eprintln!(
+            "oxadb: {} does not offer {} (not oxadbd, an older one, or a server that did not \
+             negotiate it): pushing the whole file",
+            device.serial(),
+            feature::OXADB_DELTA
+        );
+    }
+    offered
+}
+
+pub async fn push(device: &Endpoint, args: &PushArgs) -> anyhow::Result<()> {
+    let [source] = args.sources.as_slice() else {
+        anyhow::bail!("--delta takes one LOCAL file or block device");
+    };
+    // A directory destination takes the file under its own name, as push does.
+    let destination = if args.destination.ends_with('/') {
+        let name = source
+            .file_name()
+            .ok_or_else(|| anyhow::anyhow!("{}: no file name", source.display()))?;
+        format!("{}{}", args.destination, name.to_string_lossy())
+    } else {
+        args.destination.clone()
+    };
+    let options = DeltaOptions {
+        dry_run: args.dry_run,
+        ..DeltaOptions::default()
+    };
+    let stream = device.open_text(SERVICE).await?;
+    let summary = push_delta(stream, source, &destination, &options).await?;
+    if !args.quiet {
+        print_summary(&source.display().to_string(), &destination, &summary);
+    }
+    Ok(())
+}
+
+fn print_summary(source: &str, destination: &str, summary: &DeltaSummary) {
+    let counts = &summary.counts;
+    let image = summary.image_len.max(1) as f64;
+    if !summary.installed {
+        let target = match summary.target {
+            Target::Absent => "nothing there yet".to_string(),
+            Target::File => format!("a file of {} bytes", summary.old_len),
+            Target::BlockDevice => format!("a block device of {} bytes", summary.old_len),
+        };
+        println!("{source} -> {destination} ({target}), dry run:");
+        println!("  unchanged {:>10} blocks", counts.same_blocks);
+        println!("  copied    {:>10} blocks", counts.copy_blocks);
+        println!("  zero      {:>10} blocks", counts.zero_blocks);
+        println!(
+            "  new data  {:>10} blocks, {} bytes",
+            counts.replace_blocks, counts.replace_bytes
+        );
+        println!(
+            "  to send   {} bytes ({:.1}% of {} bytes)",
+            summary.bytes_sent,
+            summary.bytes_sent as f64 * 100.0 / image,
+            summary.image_len
+        );
+        return;
+    }
+    let seconds = summary.elapsed.as_secs_f64();
+    println!(
+        "{source}: 1 file pushed as a delta. {} of {} bytes sent ({:.1}%), {} received, in {:.3}s \
+         ({:.1} MB/s of image)",
+        summary.bytes_sent,
+        summary.image_len,
+        summary.bytes_sent as f64 * 100.0 / image,
+        summary.bytes_received,
+        seconds,
+        summary.image_len as f64 / seconds.max(1e-9) / 1e6
+    );
+}

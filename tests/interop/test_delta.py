@@ -17,12 +17,14 @@ import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from adbproto import ProtocolError, RawClient
 from harness import clean_env, resolve_oxadb, sha256_file, write_random
 
 MIB = 1024 * 1024
@@ -300,3 +302,77 @@ def test_an_interrupted_delta_on_a_block_device_is_completed_by_the_next(fresh_d
         assert loop.first(IMAGE) == new.read_bytes()
     finally:
         loop.close()
+
+
+def frame(tag: bytes, body: bytes = b"") -> bytes:
+    return struct.pack("<I", len(tag) + len(body)) + tag + body
+
+
+def fail_message(out: bytes) -> str:
+    """The FAIL message a device's reply ends with (after INDEX and DIGESTS, if any)."""
+    while out:
+        length = struct.unpack("<I", out[:4])[0]
+        tag, body, out = out[4:5], out[5:4 + length], out[4 + length:]
+        if tag == b"F":
+            return body.decode()
+    raise AssertionError("no FAIL in the reply")
+
+
+def test_only_hosts_that_negotiated_it_get_the_service(fresh_daemon):
+    d = fresh_daemon("delta-negotiation", rust_log=None)
+    stock = RawClient(d.port)
+    try:
+        stock.connect(b"host::features=shell_v2,cmd\0")
+        assert "oxadb_delta" not in stock.features(), stock.features()
+        with pytest.raises(ProtocolError, match="refused"):
+            stock.run_service("oxadb-delta:")
+    finally:
+        stock.close()
+    asking = RawClient(d.port)
+    try:
+        asking.connect(b"host::features=shell_v2,oxadb_delta\0")
+        assert "oxadb_delta" in asking.features(), asking.features()
+    finally:
+        asking.close()
+
+
+@pytest.mark.parametrize("what,sent,expected", [
+    ("an unknown message", frame(b"Q"), "unknown delta message tag 0x51"),
+    ("an oversized frame", struct.pack("<I", 64 << 20) + b"R", "larger than"),
+    ("a relative path", frame(b"B", struct.pack("<IQI", 4096, 10, 0o644) + b"rel/img"),
+     "'rel/img' is not an absolute path"),
+    ("a bad block size", frame(b"B", struct.pack("<IQI", 3000, 10, 0o644) + b"/x"),
+     "block size 3000"),
+    ("an operation first", frame(b"Z", struct.pack("<QQ", 0, 1)), "did not start with BEGIN"),
+])
+def test_malformed_requests_fail_the_delta_and_nothing_else(fresh_daemon, tmp_path, what, sent,
+                                                            expected):
+    d = fresh_daemon("delta-malformed", rust_log=None)
+    client = RawClient(d.port)
+    try:
+        client.connect(b"host::features=shell_v2,oxadb_delta\0")
+        message = fail_message(client.run_service("oxadb-delta:", stdin=sent))
+        assert expected in message, (what, message)
+        # The connection and the daemon go on.
+        assert client.run_service("shell:echo still") == b"still\n"
+    finally:
+        client.close()
+
+
+def test_operations_outside_the_image_fail_and_leave_the_file(fresh_daemon, tmp_path):
+    d = fresh_daemon("delta-bounds", rust_log=None)
+    dest = tmp_path / "dest.img"
+    dest.write_bytes(os.urandom(8 * BLOCK))
+    before = sha256_file(dest)
+    begin = frame(b"B", struct.pack("<IQI", BLOCK, 8 * BLOCK, 0o644) + str(dest).encode())
+    copy_past_the_end = frame(b"C", struct.pack("<QQQ", 0, 7, 5))
+    client = RawClient(d.port)
+    try:
+        client.connect(b"host::features=oxadb_delta\0")
+        message = fail_message(client.run_service("oxadb-delta:",
+                                                   stdin=begin + copy_past_the_end))
+        assert str(dest) in message and "reads past the old image" in message, message
+    finally:
+        client.close()
+    assert sha256_file(dest) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".oxadb-push.")] == []

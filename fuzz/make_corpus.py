@@ -281,6 +281,27 @@ def smart_sockets():
     write(t, "not-utf8", b"0002\xff\xfe")
 
 
+def delta_frame(tag, body=b""):
+    return struct.pack("<I", 1 + len(body)) + tag + body
+
+
+def deltas():
+    t = "delta_message"
+    begin = delta_frame(b"B", struct.pack("<IQI", 4096, 1 << 30, 0o644) + b"/data/rootfs.img")
+    copy = delta_frame(b"C", struct.pack("<QQQ", 10, 900, 64))
+    zero = delta_frame(b"Z", struct.pack("<QQ", 74, 300))
+    raw = delta_frame(b"R", struct.pack("<QIB", 374, 16, 0) + bytes(range(16)))
+    end = delta_frame(b"E", bytes(32))
+    # The first byte is the size of the pieces the stream arrives in.
+    write(t, "whole-delta", b"\xff" + begin + copy + zero + raw + end)
+    write(t, "byte-by-byte", b"\x00" + begin + copy + end)
+    write(t, "digests", b"\x10" + delta_frame(b"D", struct.pack("<Q", 0) + bytes(64)))
+    write(t, "index", b"\x07" + delta_frame(b"I", struct.pack("<BQ", 2, 1 << 32)))
+    write(t, "fail", b"\x03" + delta_frame(b"F", b"couldn't open '/x': No such file"))
+    write(t, "too-large", b"\x03" + struct.pack("<I", 64 << 20) + b"R")
+    write(t, "cut", b"\x05" + begin[:11])
+
+
 if __name__ == "__main__":
     packets()
     banners()
@@ -288,3 +309,4 @@ if __name__ == "__main__":
     shells()
     services()
     smart_sockets()
+    deltas()

@@ -34,7 +34,7 @@ BUILD_DIR="${REPO}/target/fuzz"
 RUNS="${REPO}/target/fuzz-runs"
 TRIPLE="x86_64-unknown-linux-gnu"
 SECONDS_EACH="${FUZZ_SECONDS:-60}"
-TARGETS="${FUZZ_TARGETS:-packet_header banner sync_request shell_frame service smart_socket}"
+TARGETS="${FUZZ_TARGETS:-packet_header banner sync_request shell_frame service smart_socket delta_message}"
 JOBS="${FUZZ_JOBS:-$(nproc)}"
 [ "${JOBS}" -le 4 ] || JOBS=4
 

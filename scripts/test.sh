@@ -24,7 +24,8 @@
 #  10. runs the interop suite (tests/interop) of stock adb 29 and 34, Tango
 #      and adb-shell against oxadbd, the static daemons under qemu-user and
 #      the package installed into a scratch root,
-#  11. fuzzes the packet, banner, sync, shell-v2, service-name and smart-socket parsers with cargo-fuzz
+#  11. fuzzes the packet, banner, sync, shell-v2, service-name, smart-socket and
+#      oxadb-delta message parsers with cargo-fuzz
 #      (scripts/fuzz.sh: pinned cargo-fuzz into target/tools, g++ if missing),
 #      each target for FUZZ_SECONDS over a copy of its seed corpus in fuzz/corpus,
 #  12. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
@@ -212,7 +213,7 @@ python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
 # 30 s per target keeps the whole suite under 15 minutes with the USB VM;
 # longer runs: FUZZ_SECONDS=600 bash scripts/fuzz.sh (docs/fuzzing.md).
 export FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-phase "fuzz: 6 cargo-fuzz targets, ${FUZZ_SECONDS} s each (scripts/fuzz.sh)"
+phase "fuzz: 7 cargo-fuzz targets, ${FUZZ_SECONDS} s each (scripts/fuzz.sh)"
 bash scripts/fuzz.sh
 
 # --------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ fn check_device(name: &str) {
         }
         Exec(_)
         | Sync
+        | Delta
         | LocalAbstract(_)
         | LocalReserved(_)
         | LocalFilesystem(_)

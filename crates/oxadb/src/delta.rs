@@ -9,6 +9,8 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -22,12 +24,14 @@ use crate::{BoxedStream, Error, Result};
 /// The service a delta opens.
 pub const SERVICE: &str = "oxadb-delta:";
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DeltaOptions {
     pub block_size: BlockSize,
     /// Plan, print, change nothing: the stream is dropped before any
     /// operation is sent, and the device discards what it prepared.
     pub dry_run: bool,
+    /// Where the phases report how far they are, for a progress bar.
+    pub progress: Option<Arc<DeltaProgress>>,
 }
 
 impl Default for DeltaOptions {
@@ -35,6 +39,78 @@ impl Default for DeltaOptions {
         DeltaOptions {
             block_size: BlockSize::DEFAULT,
             dry_run: false,
+            progress: None,
+        }
+    }
+}
+
+/// The phases of a delta, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The device digests its old image and sends the digests.
+    Index,
+    /// The host reads the new image and decides every block.
+    Deciding,
+    /// The host reads it again and sends zeros and new data.
+    Sending,
+    /// The device checks what it built against the image's digest.
+    Checking,
+}
+
+/// How far a delta is: the phase, and bytes of the image done of a total.
+/// Written by the delta's threads, read by whoever draws it.
+#[derive(Debug, Default)]
+pub struct DeltaProgress {
+    phase: AtomicU8,
+    done: AtomicU64,
+    total: AtomicU64,
+}
+
+impl DeltaProgress {
+    pub fn new() -> Arc<DeltaProgress> {
+        Arc::new(DeltaProgress::default())
+    }
+
+    /// The phase, the bytes done and the bytes in all.
+    pub fn get(&self) -> (Phase, u64, u64) {
+        let phase = match self.phase.load(Ordering::Relaxed) {
+            0 => Phase::Index,
+            1 => Phase::Deciding,
+            2 => Phase::Sending,
+            _ => Phase::Checking,
+        };
+        (
+            phase,
+            self.done.load(Ordering::Relaxed),
+            self.total.load(Ordering::Relaxed),
+        )
+    }
+
+    fn start(&self, phase: Phase, total: u64) {
+        self.done.store(0, Ordering::Relaxed);
+        self.total.store(total, Ordering::Relaxed);
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    fn add(&self, bytes: u64) {
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Reports to a [`DeltaProgress`], if there is one.
+#[derive(Clone)]
+struct Report(Option<Arc<DeltaProgress>>);
+
+impl Report {
+    fn start(&self, phase: Phase, total: u64) {
+        if let Some(progress) = &self.0 {
+            progress.start(phase, total);
+        }
+    }
+
+    fn add(&self, bytes: u64) {
+        if let Some(progress) = &self.0 {
+            progress.add(bytes);
         }
     }
 }
@@ -98,6 +174,7 @@ pub async fn push_delta(
     };
     let (image_len, mode) = image_size_and_mode(source).map_err(|e| local(e.to_string()))?;
     let block_size = options.block_size;
+    let report = Report(options.progress.clone());
     let (mut read, mut write) = tokio::io::split(stream);
     let mut from_device = Received::default();
     let mut bytes_sent = 0u64;
@@ -118,13 +195,17 @@ pub async fn push_delta(
         other => return Err(protocol(format!("expected INDEX, got {}", other.name()))),
     };
     let old_blocks = block_size.blocks_in(old_len);
+    report.start(Phase::Index, old_len);
     let mut digests: Vec<BlockDigest> = Vec::with_capacity(old_blocks as usize);
     while (digests.len() as u64) < old_blocks {
         match from_device.next(&mut read).await? {
             Message::Digests {
                 start,
                 digests: batch,
-            } if start == digests.len() as u64 => digests.extend(batch),
+            } if start == digests.len() as u64 => {
+                report.add(batch.len() as u64 * u64::from(block_size.bytes()));
+                digests.extend(batch)
+            }
             Message::Digests { start, .. } => {
                 return Err(protocol(format!(
                     "digests from block {start}, expected from {}",
@@ -146,11 +227,14 @@ pub async fn push_delta(
 
     // First pass: every block decided.
     let source_path = source.to_path_buf();
-    let (planner, decisions, counts) =
-        tokio::task::spawn_blocking(move || decide_all(&source_path, planner, image_len))
-            .await
-            .map_err(|e| local(e.to_string()))?
-            .map_err(|e| local(e.to_string()))?;
+    report.start(Phase::Deciding, image_len);
+    let deciding = report.clone();
+    let (planner, decisions, counts) = tokio::task::spawn_blocking(move || {
+        decide_all(&source_path, planner, image_len, &deciding)
+    })
+    .await
+    .map_err(|e| local(e.to_string()))?
+    .map_err(|e| local(e.to_string()))?;
 
     let mut summary = DeltaSummary {
         image_len,
@@ -186,8 +270,17 @@ pub async fn push_delta(
     // while what it made is sent.
     let (to_send, mut sending) = mpsc::channel::<Bytes>(4);
     let source_path = source.to_path_buf();
+    report.start(Phase::Sending, image_len);
+    let sending_report = report.clone();
     let writer = tokio::task::spawn_blocking(move || {
-        send_writes(&source_path, block_size, &decisions, image_len, to_send)
+        send_writes(
+            &source_path,
+            block_size,
+            &decisions,
+            image_len,
+            to_send,
+            &sending_report,
+        )
     });
     loop {
         tokio::select! {
@@ -212,6 +305,7 @@ pub async fn push_delta(
         .map_err(|e| local(e.to_string()))?
         .map_err(|e| local(e.to_string()))?;
     write.flush().await.map_err(stream_error)?;
+    report.start(Phase::Checking, 0);
     match from_device.next(&mut read).await? {
         Message::Done { digest: built } if built == digest => {}
         Message::Done { .. } => {
@@ -327,6 +421,7 @@ fn decide_all(
     source: &Path,
     planner: Planner,
     len: u64,
+    report: &Report,
 ) -> io::Result<(Planner, Vec<Decision>, PlanCounts)> {
     let block_size = planner.block_size();
     let mut decisions = Vec::with_capacity(block_size.blocks_in(len) as usize);
@@ -334,6 +429,7 @@ fn decide_all(
     each_block(source, block_size, len, |index, block| {
         let decision = planner.decide(index, block);
         counts.count(decision, block.len());
+        report.add(block.len() as u64);
         decisions.push(decision);
         Ok(())
     })?;
@@ -348,6 +444,7 @@ fn send_writes(
     decisions: &[Decision],
     len: u64,
     to_send: mpsc::Sender<Bytes>,
+    report: &Report,
 ) -> io::Result<[u8; 32]> {
     let mut writes = Plan::keeping(block_size, Keep::Writes);
     let mut digest = ImageDigest::new();
@@ -365,6 +462,7 @@ fn send_writes(
     };
     each_block(source, block_size, len, |index, block| {
         digest.update(block);
+        report.add(block.len() as u64);
         writes.push(index, decisions[index as usize], block);
         send(writes.take_closed())
     })?;
@@ -398,7 +496,7 @@ async fn dry_run_bytes(
     let source = source.to_path_buf();
     let decisions = decisions.to_vec();
     let writer = tokio::task::spawn_blocking(move || {
-        send_writes(&source, block_size, &decisions, len, to_send)
+        send_writes(&source, block_size, &decisions, len, to_send, &Report(None))
     });
     while let Some(chunk) = sent.recv().await {
         bytes += chunk.len() as u64;

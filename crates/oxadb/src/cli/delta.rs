@@ -1,7 +1,12 @@
 //! `oxadb push --delta`: one image sent as block operations on the device's
 //! old copy (docs/delta.md), or pushed whole where the device cannot.
 
-use oxadb::delta::{push_delta, DeltaOptions, DeltaSummary, SERVICE};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use oxadb::delta::{push_delta, DeltaOptions, DeltaProgress, DeltaSummary, Phase, SERVICE};
 use oxadb_delta::wire::Target;
 use oxadb_wire::feature;
 
@@ -36,12 +41,23 @@ pub async fn push(device: &Endpoint, args: &PushArgs) -> anyhow::Result<()> {
     } else {
         args.destination.clone()
     };
+    let interactive = !args.quiet
+        && std::io::stderr().is_terminal()
+        && std::env::var_os("TERM").is_some_and(|term| term != "dumb");
+    let progress = interactive.then(DeltaProgress::new);
     let options = DeltaOptions {
         dry_run: args.dry_run,
+        progress: progress.clone(),
         ..DeltaOptions::default()
     };
     let stream = device.open_text(SERVICE).await?;
-    let summary = push_delta(stream, source, &destination, &options).await?;
+    let bar = progress.map(|progress| tokio::spawn(draw(progress, source.display().to_string())));
+    let result = push_delta(stream, source, &destination, &options).await;
+    if let Some(bar) = bar {
+        bar.abort();
+        let _ = bar.await;
+    }
+    let summary = result?;
     if !args.quiet {
         print_summary(&source.display().to_string(), &destination, &summary);
     }
@@ -84,4 +100,44 @@ fn print_summary(source: &str, destination: &str, summary: &DeltaSummary) {
         seconds,
         summary.image_len as f64 / seconds.max(1e-9) / 1e6
     );
+}
+
+/// Draws the delta's phases on stderr until aborted: the device's index,
+/// the host's decisions, the data sent, the device's check.
+async fn draw(progress: Arc<DeltaProgress>, name: String) {
+    let bar = ProgressBar::new(0);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{prefix}: {msg:16} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(name);
+    // Cleared when the task is aborted (the bar's drop finishes it).
+    let bar = Cleared(bar);
+    let mut phase = None;
+    loop {
+        let (now, done, total) = progress.get();
+        if phase != Some(now) {
+            phase = Some(now);
+            bar.0.reset();
+            bar.0.set_message(match now {
+                Phase::Index => "device index",
+                Phase::Deciding => "deciding",
+                Phase::Sending => "sending",
+                Phase::Checking => "device checking",
+            });
+        }
+        bar.0.set_length(total);
+        bar.0.set_position(done.min(total));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A bar that clears itself when dropped.
+struct Cleared(ProgressBar);
+
+impl Drop for Cleared {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
 }

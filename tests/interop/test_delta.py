@@ -376,3 +376,44 @@ def test_operations_outside_the_image_fail_and_leave_the_file(fresh_daemon, tmp_
         client.close()
     assert sha256_file(dest) == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".oxadb-push.")] == []
+
+
+KEPT = "the index kept from the last delta still holds"
+
+
+@pytest.mark.parametrize("onto", ["file", "block device"])
+def test_the_next_delta_uses_the_index_unless_the_target_changed(fresh_daemon, home, tmp_path,
+                                                                 images, onto):
+    v1, v2 = images
+    d = fresh_daemon("delta-index", args=("--state-dir", str(tmp_path / "state")),
+                     rust_log="info")
+    loop = None
+    if onto == "file":
+        dest = tmp_path / "rootfs.img"
+        shutil.copyfile(v1, dest)
+        target = str(dest)
+        content = lambda: dest.read_bytes()  # noqa: E731
+    else:
+        loop = Loop(tmp_path / "backing.img", v1)
+        target = loop.device
+        content = lambda: loop.first(IMAGE)  # noqa: E731
+    kept = lambda: d.log_path.read_text("utf-8", "replace").count(KEPT)  # noqa: E731
+    try:
+        delta(home, d.serial, v2, target)
+        assert content() == v2.read_bytes() and kept() == 0
+        # Nothing touched it since: the digests come from the index.
+        delta(home, d.serial, v1, target)
+        assert content() == v1.read_bytes() and kept() == 1
+        assert len(list((tmp_path / "state" / "delta-index").iterdir())) == 1
+        # Something else writes to it: the index no longer describes it.
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            os.pwrite(fd, os.urandom(3 * BLOCK), 40 * BLOCK + 100)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        delta(home, d.serial, v2, target)
+        assert content() == v2.read_bytes() and kept() == 1
+    finally:
+        if loop:
+            loop.close()

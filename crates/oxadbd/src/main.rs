@@ -343,6 +343,9 @@ async fn serve(settings: Settings, state_dir: config::StateDir) -> anyhow::Resul
         ..
     } = settings;
     let daemon = oxadbd::server::Daemon::new(config, journal.clone());
+    if let Some(dir) = state_dir.path() {
+        daemon.keep_delta_indexes_in(dir.join("delta-index"));
+    }
     // Memory freed after a transfer goes back to the system once
     // connections have been quiet for a second (a 512 MiB board cannot
     // leave ~100 MiB parked in the allocator, docs/benchmarks.md).

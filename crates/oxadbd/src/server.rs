@@ -37,6 +37,9 @@ pub struct Daemon {
     euid: u32,
     /// What `getprop` answers.
     properties: Properties,
+    /// Where `oxadb-delta:` keeps the digests of what it built, once
+    /// [`Daemon::keep_delta_indexes_in`] ran (docs/delta.md).
+    delta_indexes: std::sync::OnceLock<crate::services::delta_index::IndexStore>,
     /// `tcpip:`/`usb:` requests to the TCP accept loop.
     switch: tcpip::Switch,
     /// [`serve_usb`] runs: `usb:` may close the TCP listener.
@@ -97,6 +100,7 @@ impl Daemon {
             authenticator,
             euid,
             properties,
+            delta_indexes: std::sync::OnceLock::new(),
             switch: tcpip::Switch::default(),
             serves_usb: Default::default(),
             #[cfg(feature = "mdns")]
@@ -104,6 +108,15 @@ impl Daemon {
             #[cfg(feature = "tls")]
             tls_identity: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Keeps the digests of images `oxadb-delta:` builds in `dir` (made
+    /// when first needed), so the next delta onto the same target need not
+    /// read it. Without it every delta reads its old image.
+    pub fn keep_delta_indexes_in(&self, dir: std::path::PathBuf) {
+        let _ = self
+            .delta_indexes
+            .set(crate::services::delta_index::IndexStore::new(dir));
     }
 
     /// Announce the TCP listener over mDNS wherever it is (docs/protocol.md,
@@ -587,7 +600,8 @@ async fn open_service(
         }
         DeviceService::Delta if incoming.peer_has_feature(oxadb_wire::feature::OXADB_DELTA) => {
             let storage = daemon.sync.storage.clone();
-            if let Err(error) = delta::serve(incoming.accept(), storage).await {
+            let indexes = daemon.delta_indexes.get().cloned();
+            if let Err(error) = delta::serve(incoming.accept(), storage, indexes).await {
                 tracing::warn!(%error, "delta service failed");
             }
         }

@@ -22,6 +22,8 @@ use oxadb_delta::{
     ImageDigest, Op,
 };
 use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
+
+use super::delta_index::{IndexKey, IndexStore};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -31,8 +33,10 @@ const READ_CHUNK: usize = 1 << 20;
 /// Messages queued each way between the stream and the file thread.
 const QUEUE: usize = 4;
 
-/// Serves one `oxadb-delta:` stream to its end.
-pub async fn serve<S>(stream: S, storage: Storage) -> io::Result<()>
+/// Serves one `oxadb-delta:` stream to its end; `indexes` keeps the
+/// digests of what it built for the next delta (none: every delta reads
+/// the old image).
+pub async fn serve<S>(stream: S, storage: Storage, indexes: Option<IndexStore>) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -40,7 +44,7 @@ where
     let (to_host, mut from_worker) = mpsc::channel::<Bytes>(QUEUE);
     let worker = tokio::task::spawn_blocking(move || {
         let mut link = Link { from_host, to_host };
-        let outcome = run(&mut link, &storage);
+        let outcome = run(&mut link, &storage, indexes.as_ref());
         if let Err(message) = outcome {
             tracing::warn!(%message, "delta failed");
             link.send(&Message::Fail { message });
@@ -125,7 +129,7 @@ enum Old {
     BlockDevice { device: File, size: u64 },
 }
 
-fn run(link: &mut Link, storage: &Storage) -> Result<(), String> {
+fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Result<(), String> {
     let Message::Begin {
         block_size,
         new_len,
@@ -167,8 +171,31 @@ fn run(link: &mut Link, storage: &Storage) -> Result<(), String> {
         Old::BlockDevice { device, .. } => Some(device),
     };
     if let Some(file) = old_file {
-        send_digests(link, file, block_size, old_len).map_err(|error| failed("read", &error))?;
+        let key = match indexes {
+            Some(_) => IndexKey::of(file, block_size, old_len).map_err(|e| failed("stat", &e))?,
+            None => None,
+        };
+        let kept = match (indexes, &key) {
+            (Some(indexes), Some(key)) => indexes.load(&path, key),
+            _ => None,
+        };
+        match kept {
+            Some(digests) => {
+                tracing::info!(path = %path.display(), "delta: the index kept from the last delta still holds");
+                send_kept_digests(link, digests)?;
+            }
+            None => send_digests(link, file, block_size, old_len)
+                .map_err(|error| failed("read", &error))?,
+        }
     }
+    let check_failed = |error: BuildError| {
+        if matches!(error, BuildError::DigestMismatch) {
+            if let Some(indexes) = indexes {
+                indexes.remove(&path);
+            }
+        }
+        failed("write", &error)
+    };
     match old {
         Old::BlockDevice { device, size } => {
             if new_len > size {
@@ -177,13 +204,18 @@ fn run(link: &mut Link, storage: &Storage) -> Result<(), String> {
                     path.display()
                 ));
             }
-            let digest = build_in_place(link, &device, block_size, old_len, new_len)
-                .map_err(|error| failed("write", &error))?;
-            // A block device has no rename to wait for: flushed unless told not to.
+            let built = build_in_place(link, &device, block_size, old_len, new_len)
+                .map_err(check_failed)?;
+            // A block device has no rename to wait for: flushed unless told
+            // not to. Unflushed, its write count would still move as the
+            // kernel writes back, and no index is kept.
             if storage.durability != Durability::None {
                 device.sync_all().map_err(|e| failed("flush", &e))?;
+                keep_index(indexes, &path, &device, block_size, size, &built);
             }
-            link.send(&Message::Done { digest });
+            link.send(&Message::Done {
+                digest: built.digest,
+            });
             Ok(())
         }
         old => {
@@ -203,7 +235,7 @@ fn run(link: &mut Link, storage: &Storage) -> Result<(), String> {
                 Old::File { file } => Some(file),
                 _ => None,
             };
-            let digest = build_beside(
+            let built = build_beside(
                 link,
                 old_file,
                 destination.file(),
@@ -211,14 +243,20 @@ fn run(link: &mut Link, storage: &Storage) -> Result<(), String> {
                 old_len,
                 new_len,
             )
-            .map_err(|error| failed("write", &error))?;
+            .map_err(check_failed)?;
             destination
                 .commit(Attributes {
                     mode: Some(mode),
                     mtime: None,
                 })
                 .map_err(|error| failed("commit", &error))?;
-            link.send(&Message::Done { digest });
+            // The key is the installed file's, taken after the rename and the chmod.
+            if let Ok(installed) = File::open(&path) {
+                keep_index(indexes, &path, &installed, block_size, new_len, &built);
+            }
+            link.send(&Message::Done {
+                digest: built.digest,
+            });
             Ok(())
         }
     }
@@ -352,7 +390,7 @@ fn build_beside(
     block_size: BlockSize,
     old_len: u64,
     new_len: u64,
-) -> Result<[u8; 32], BuildError> {
+) -> Result<Built, BuildError> {
     let mut new_store = FileStore {
         file: new,
         fresh: true,
@@ -371,7 +409,7 @@ fn build_beside(
             Message::Op(op) => {
                 apply_beside_op(old_store, &mut new_store, block_size, old_len, new_len, &op)?
             }
-            Message::End { digest } => return verify(new, new_len, digest),
+            Message::End { digest } => return verify(new, new_len, block_size, digest),
             other => return Err(unexpected(&other)),
         }
     }
@@ -386,7 +424,7 @@ fn build_in_place(
     block_size: BlockSize,
     old_len: u64,
     new_len: u64,
-) -> Result<[u8; 32], BuildError> {
+) -> Result<Built, BuildError> {
     let mut store = FileStore {
         file: device,
         fresh: false,
@@ -406,7 +444,7 @@ fn build_in_place(
         match (op, &mut copies, end) {
             (Some(op @ Op::Copy { .. }), Some(pending), _) => pending.push(op),
             (Some(op), _, _) => apply_write(&mut store, block_size, old_len, new_len, &op)?,
-            (None, _, Some(digest)) => return verify(device, new_len, digest),
+            (None, _, Some(digest)) => return verify(device, new_len, block_size, digest),
             (None, _, None) => unreachable!("an operation or END"),
         }
     }
@@ -419,22 +457,106 @@ fn unexpected(message: &Message) -> BuildError {
     ))
 }
 
+/// What a delta built: the image's digest and its blocks' (for the index).
+struct Built {
+    digest: [u8; 32],
+    blocks: Vec<BlockDigest>,
+}
+
 /// Reads the first `len` bytes of `file` back and compares their digest
-/// with the host's.
-fn verify(file: &File, len: u64, expected: [u8; 32]) -> Result<[u8; 32], BuildError> {
+/// with the host's; digests each block on the way, for the next delta.
+fn verify(
+    file: &File,
+    len: u64,
+    block_size: BlockSize,
+    expected: [u8; 32],
+) -> Result<Built, BuildError> {
     let mut digest = ImageDigest::new();
-    let mut buffer = vec![0u8; READ_CHUNK];
+    let mut blocks = Vec::with_capacity(block_size.blocks_in(len) as usize);
+    let chunk = READ_CHUNK.max(block_size.bytes() as usize);
+    let mut buffer = vec![0u8; chunk];
     let mut offset = 0u64;
     while offset < len {
-        let n = (len - offset).min(READ_CHUNK as u64) as usize;
+        let n = (len - offset).min(chunk as u64) as usize;
         file.read_exact_at(&mut buffer[..n], offset)
             .map_err(BuildError::ReadBack)?;
         digest.update(&buffer[..n]);
+        blocks.extend(
+            buffer[..n]
+                .chunks(block_size.bytes() as usize)
+                .map(BlockDigest::of),
+        );
         offset += n as u64;
     }
     let got = digest.finish();
     if got != expected {
         return Err(BuildError::DigestMismatch);
     }
-    Ok(got)
+    Ok(Built {
+        digest: got,
+        blocks,
+    })
+}
+
+/// The digests of a block device's blocks past the image (it keeps its
+/// size), so that an index describes the whole device.
+fn keep_index(
+    indexes: Option<&IndexStore>,
+    path: &Path,
+    file: &File,
+    block_size: BlockSize,
+    size: u64,
+    built: &Built,
+) {
+    let Some(indexes) = indexes else { return };
+    let blocks = block_size.blocks_in(size) as usize;
+    let mut digests = built.blocks.clone();
+    if digests.len() < blocks {
+        // A block device larger than the image: its tail was not read back.
+        match tail_digests(file, block_size, built.blocks.len() as u64, size) {
+            Ok(tail) => digests.extend(tail),
+            Err(error) => {
+                tracing::debug!(%error, path = %path.display(), "no index kept");
+                return;
+            }
+        }
+    }
+    let saved = IndexKey::of(file, block_size, size).and_then(|key| match key {
+        Some(key) => indexes.save(path, &key, &digests),
+        None => Ok(()),
+    });
+    if let Err(error) = saved {
+        tracing::warn!(%error, path = %path.display(), "could not keep the delta index");
+    }
+}
+
+fn tail_digests(
+    file: &File,
+    block_size: BlockSize,
+    first: u64,
+    size: u64,
+) -> io::Result<Vec<BlockDigest>> {
+    let bs = block_size.bytes() as usize;
+    let mut buffer = vec![0u8; bs];
+    let mut digests = Vec::new();
+    for block in first..block_size.blocks_in(size) {
+        let n = block_size.len_of(block, size);
+        file.read_exact_at(&mut buffer[..n], block_size.offset_of(block))?;
+        digests.push(BlockDigest::of(&buffer[..n]));
+    }
+    Ok(digests)
+}
+
+/// Digests from an index, in the batches [`send_digests`] sends.
+fn send_kept_digests(link: &mut Link, digests: Vec<BlockDigest>) -> Result<(), String> {
+    for (batch, chunk) in digests.chunks(DIGESTS_PER_MESSAGE).enumerate() {
+        let sent = link.send(&Message::Digests {
+            start: (batch * DIGESTS_PER_MESSAGE) as u64,
+            digests: chunk.to_vec(),
+        });
+        if !sent {
+            return Err("the host closed the stream".into());
+        }
+    }
+    Ok(())
 }

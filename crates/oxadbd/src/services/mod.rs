@@ -6,6 +6,7 @@
 //! way).
 pub mod command;
 pub mod delta;
+pub mod delta_index;
 pub mod device;
 pub mod forward;
 pub mod framebuffer;

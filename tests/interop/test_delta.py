@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import time
@@ -90,6 +91,11 @@ def images(tmp_path_factory) -> tuple[Path, Path]:
     return v1, v2
 
 
+def private_state(tmp_path: Path) -> tuple[str, ...]:
+    """A state directory of the test's own: the delta indexes stay in it."""
+    return ("--state-dir", str(tmp_path / "state"))
+
+
 @pytest.fixture
 def home(tmp_path) -> Path:
     h = tmp_path / "home"
@@ -118,7 +124,7 @@ class Loop:
 
 def test_an_ext4_image_onto_a_file(fresh_daemon, home, tmp_path, images):
     v1, v2 = images
-    d = fresh_daemon("delta-file", rust_log=None)
+    d = fresh_daemon("delta-file", args=private_state(tmp_path), rust_log=None)
     dest = tmp_path / "device" / "rootfs.img"
     dest.parent.mkdir()
     shutil.copyfile(v1, dest)
@@ -144,7 +150,7 @@ def test_an_ext4_image_onto_a_file(fresh_daemon, home, tmp_path, images):
 
 def test_an_ext4_image_onto_a_loop_device(fresh_daemon, home, tmp_path, images):
     v1, v2 = images
-    d = fresh_daemon("delta-loop", rust_log=None)
+    d = fresh_daemon("delta-loop", args=private_state(tmp_path), rust_log=None)
     loop = Loop(tmp_path / "backing.img", v1, size=IMAGE + 8 * MIB)
     try:
         sent = delta(home, d.serial, v2, loop.device)
@@ -198,7 +204,7 @@ def test_synthetic_changes(fresh_daemon, home, tmp_path, case, onto):
     old, new = synthetic(case)
     new_path = tmp_path / "new.img"
     new_path.write_bytes(new)
-    d = fresh_daemon("delta-synthetic", rust_log=None)
+    d = fresh_daemon("delta-synthetic", args=private_state(tmp_path), rust_log=None)
     if onto == "file":
         dest = tmp_path / "dest.img"
         dest.write_bytes(old)
@@ -220,7 +226,7 @@ def test_synthetic_changes(fresh_daemon, home, tmp_path, case, onto):
 def test_a_destination_that_does_not_exist_gets_the_whole_image(fresh_daemon, home, tmp_path,
                                                                images):
     v1, _ = images
-    d = fresh_daemon("delta-absent", rust_log=None)
+    d = fresh_daemon("delta-absent", args=private_state(tmp_path), rust_log=None)
     dest = tmp_path / "nothing-yet" / "rootfs.img"
     dest.parent.mkdir()
     sent = delta(home, d.serial, v1, str(dest))
@@ -231,7 +237,7 @@ def test_a_destination_that_does_not_exist_gets_the_whole_image(fresh_daemon, ho
 
 def test_a_destination_changed_on_the_device_is_not_trusted(fresh_daemon, home, tmp_path, images):
     v1, v2 = images
-    d = fresh_daemon("delta-changed", rust_log=None)
+    d = fresh_daemon("delta-changed", args=private_state(tmp_path), rust_log=None)
     dest = tmp_path / "rootfs.img"
     shutil.copyfile(v1, dest)
     delta(home, d.serial, v2, str(dest))
@@ -263,7 +269,7 @@ def kill_when(proc: subprocess.Popen, ready, what: str) -> None:
 
 def test_a_client_killed_mid_delta_leaves_the_old_file(fresh_daemon, home, tmp_path, images):
     v1, _ = images
-    d = fresh_daemon("delta-kill-file", rust_log=None)
+    d = fresh_daemon("delta-kill-file", args=private_state(tmp_path), rust_log=None)
     dest_dir = tmp_path / "device"
     dest_dir.mkdir()
     dest = dest_dir / "rootfs.img"
@@ -288,7 +294,7 @@ def test_a_client_killed_mid_delta_leaves_the_old_file(fresh_daemon, home, tmp_p
 def test_an_interrupted_delta_on_a_block_device_is_completed_by_the_next(fresh_daemon, home,
                                                                         tmp_path, images):
     v1, _ = images
-    d = fresh_daemon("delta-kill-loop", rust_log=None)
+    d = fresh_daemon("delta-kill-loop", args=private_state(tmp_path), rust_log=None)
     new = tmp_path / "random.img"
     write_random(new, IMAGE)
     head = new.read_bytes()[:BLOCK]
@@ -318,8 +324,8 @@ def fail_message(out: bytes) -> str:
     raise AssertionError("no FAIL in the reply")
 
 
-def test_only_hosts_that_negotiated_it_get_the_service(fresh_daemon):
-    d = fresh_daemon("delta-negotiation", rust_log=None)
+def test_only_hosts_that_negotiated_it_get_the_service(fresh_daemon, tmp_path):
+    d = fresh_daemon("delta-negotiation", args=private_state(tmp_path), rust_log=None)
     stock = RawClient(d.port)
     try:
         stock.connect(b"host::features=shell_v2,cmd\0")
@@ -347,7 +353,7 @@ def test_only_hosts_that_negotiated_it_get_the_service(fresh_daemon):
 ])
 def test_malformed_requests_fail_the_delta_and_nothing_else(fresh_daemon, tmp_path, what, sent,
                                                             expected):
-    d = fresh_daemon("delta-malformed", rust_log=None)
+    d = fresh_daemon("delta-malformed", args=private_state(tmp_path), rust_log=None)
     client = RawClient(d.port)
     try:
         client.connect(b"host::features=shell_v2,oxadb_delta\0")
@@ -360,7 +366,7 @@ def test_malformed_requests_fail_the_delta_and_nothing_else(fresh_daemon, tmp_pa
 
 
 def test_operations_outside_the_image_fail_and_leave_the_file(fresh_daemon, tmp_path):
-    d = fresh_daemon("delta-bounds", rust_log=None)
+    d = fresh_daemon("delta-bounds", args=private_state(tmp_path), rust_log=None)
     dest = tmp_path / "dest.img"
     dest.write_bytes(os.urandom(8 * BLOCK))
     before = sha256_file(dest)
@@ -417,3 +423,38 @@ def test_the_next_delta_uses_the_index_unless_the_target_changed(fresh_daemon, h
     finally:
         if loop:
             loop.close()
+
+
+def test_an_index_that_no_longer_holds_fails_the_check_and_is_dropped(fresh_daemon, home,
+                                                                     tmp_path, images):
+    """A write through another node of the same device, still in the page
+    cache: it moved neither the target node's ctime nor the device's write
+    count, so the index looks valid; the end check catches what it got
+    wrong, and the next delta reads the device."""
+    v1, v2 = images
+    d = fresh_daemon("delta-stale", args=private_state(tmp_path), rust_log="info")
+    loop = Loop(tmp_path / "backing.img", v1)
+    try:
+        delta(home, d.serial, v2, loop.device)
+        # Dirty a block the image has (not a zero one, which a delta would
+        # send as ZERO anyway) through a node of our own, and keep it open:
+        # the device's last close would flush the page.
+        image = v2.read_bytes()
+        block = next(i for i in range(1, IMAGE // BLOCK)
+                     if any(image[i * BLOCK:(i + 1) * BLOCK]))
+        alias = tmp_path / "alias"
+        os.mknod(alias, 0o600 | stat.S_IFBLK, os.stat(loop.device).st_rdev)
+        fd = os.open(alias, os.O_WRONLY)
+        try:
+            os.pwrite(fd, os.urandom(BLOCK), block * BLOCK)
+            cp = oxadb(home, "-s", d.serial, "push", "--delta", str(v2), loop.device)
+        finally:
+            os.close(fd)
+        assert cp.returncode == 1, (cp.stdout, cp.stderr)
+        assert "differs from the host's" in cp.stderr and loop.device in cp.stderr, cp.stderr
+        assert d.log_path.read_text("utf-8", "replace").count(KEPT) == 1
+        assert list((tmp_path / "state" / "delta-index").iterdir()) == []
+        delta(home, d.serial, v2, loop.device)
+        assert loop.first(IMAGE) == v2.read_bytes()
+    finally:
+        loop.close()

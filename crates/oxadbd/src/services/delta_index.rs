@@ -3,9 +3,9 @@
 //! the image again (docs/delta.md, "The device's index"). An index is used
 //! only while its key still describes the target: for a regular file its
 //! inode, size, mtime and ctime (any write moves the ctime, and nobody can
-//! set it back); for a block device its size, the boot, and the sectors
-//! the kernel has written to it since boot (/sys/dev/block/M:N/stat),
-//! which any write that reached the device moves. Whatever the index says,
+//! set it back); for a block device its size, the boot, its medium (the
+//! disk sequence number) and the sectors the kernel has written to it
+//! (/sys/dev/block/M:N/stat), which any write that reached it moves. Whatever the index says,
 //! the end check compares the built image's digest with the host's, and a
 //! mismatch removes the index.
 
@@ -27,8 +27,8 @@ pub struct IndexKey {
     pub mtime_ns: i128,
     pub ctime_ns: i128,
     pub block_size: u32,
-    /// Block devices: the boot id and the sectors written since boot.
-    pub written: Option<([u8; 16], u64)>,
+    /// Block devices: what says nothing else wrote to it.
+    pub written: Option<DeviceWrites>,
 }
 
 impl IndexKey {
@@ -39,10 +39,9 @@ impl IndexKey {
         let written = if metadata.file_type().is_file() {
             None
         } else {
-            let rdev = metadata.rdev();
-            match (boot_id(), sectors_written(rdev)) {
-                (Some(boot), Some(sectors)) => Some((boot, sectors)),
-                _ => return Ok(None),
+            match DeviceWrites::of(metadata.rdev()) {
+                Some(writes) => Some(writes),
+                None => return Ok(None),
             }
         };
         let nanos = |secs: i64, nsec: i64| i128::from(secs) * 1_000_000_000 + i128::from(nsec);
@@ -64,13 +63,56 @@ impl IndexKey {
         out.extend_from_slice(&self.mtime_ns.to_le_bytes());
         out.extend_from_slice(&self.ctime_ns.to_le_bytes());
         out.extend_from_slice(&self.block_size.to_le_bytes());
-        let (boot, sectors) = self.written.unwrap_or(([0; 16], u64::MAX));
+        let writes = self.written.unwrap_or(DeviceWrites {
+            boot: [0; 16],
+            disk_sequence: u64::MAX,
+            sectors: u64::MAX,
+        });
         out.push(u8::from(self.written.is_some()));
-        out.extend_from_slice(&boot);
-        out.extend_from_slice(&sectors.to_le_bytes());
+        out.extend_from_slice(&writes.boot);
+        out.extend_from_slice(&writes.disk_sequence.to_le_bytes());
+        out.extend_from_slice(&writes.sectors.to_le_bytes());
     }
 
-    const ENCODED_LEN: usize = 8 * 3 + 16 * 2 + 4 + 1 + 16 + 8;
+    const ENCODED_LEN: usize = 8 * 3 + 16 * 2 + 4 + 1 + 16 + 8 + 8;
+}
+
+/// A block device's medium and what was written to it: the same boot,
+/// the same medium (the disk sequence number Linux 5.15 and later give
+/// each disk and bump when its medium changes, as when a loop device is
+/// attached to another file, or a card is swapped), and the same count of
+/// sectors written since the medium came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceWrites {
+    boot: [u8; 16],
+    disk_sequence: u64,
+    sectors: u64,
+}
+
+impl DeviceWrites {
+    /// `None` where the kernel does not say (then no index is kept).
+    fn of(rdev: u64) -> Option<DeviceWrites> {
+        let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        let read = |path: PathBuf| std::fs::read_to_string(path).ok();
+        // A partition's number is its disk's, one directory up.
+        let disk_sequence = read(sys.join("diskseq"))
+            .or_else(|| read(sys.join("../diskseq")))?
+            .trim()
+            .parse()
+            .ok()?;
+        // Sectors written: the seventh field (the kernel's Documentation/block/stat.rst).
+        let sectors = read(sys.join("stat"))?
+            .split_whitespace()
+            .nth(6)?
+            .parse()
+            .ok()?;
+        Some(DeviceWrites {
+            boot: boot_id()?,
+            disk_sequence,
+            sectors,
+        })
+    }
 }
 
 fn boot_id() -> Option<[u8; 16]> {
@@ -81,14 +123,6 @@ fn boot_id() -> Option<[u8; 16]> {
         *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(id)
-}
-
-/// Sectors written to the block device `rdev` since boot: the seventh
-/// field of its stat file (the kernel's Documentation/block/stat.rst).
-fn sectors_written(rdev: u64) -> Option<u64> {
-    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
-    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
-    stat.split_whitespace().nth(6)?.parse().ok()
 }
 
 /// Where indexes are kept: one file per target path.

@@ -13,6 +13,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
+mod delta;
 mod emulated;
 mod emulated_report;
 mod emulator;
@@ -106,6 +107,10 @@ enum Bench {
     /// `shell true` start to exit through Google's adb server, through
     /// `oxadb server` and with `oxadb` alone, against oxadbd on loopback.
     ShellLatency(shell_latency::ShellLatencyArgs),
+    /// An ext4 image updated on oxadbd over loopback with `push --delta`
+    /// (without and with the device's index) beside a whole `push -z
+    /// zstd`: time, bytes on the wire, device CPU (docs/delta.md).
+    Delta(delta::DeltaArgs),
 }
 
 #[derive(Parser)]
@@ -192,6 +197,7 @@ fn main() -> Result<()> {
         }
         Bench::ForwardLoopback(args) => forward_loopback::forward_loopback(args),
         Bench::ShellLatency(args) => shell_latency::shell_latency(args),
+        Bench::Delta(args) => delta::delta(args),
     }
 }
 

@@ -16,6 +16,26 @@ pub trait BlockStore {
 
     fn write_all_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
 
+    /// Copies `len` bytes at `from` in `source` to `to` in this store
+    /// without passing them through memory, where both ends allow it (a
+    /// kernel-side copy, a reflink): `Ok(false)` when they do not, and the
+    /// caller reads and writes instead.
+    fn copy_range_from(
+        &mut self,
+        source: &dyn BlockStore,
+        from: u64,
+        to: u64,
+        len: u64,
+    ) -> io::Result<bool> {
+        let _ = (source, from, to, len);
+        Ok(false)
+    }
+
+    /// The file behind the store, for [`BlockStore::copy_range_from`].
+    fn as_file(&self) -> Option<&std::fs::File> {
+        None
+    }
+
     /// Makes `len` bytes at `offset` zero; a store may punch a hole instead.
     fn write_zeros_at(&mut self, offset: u64, len: u64) -> io::Result<()> {
         let zeros = vec![0u8; len.min(ZERO_CHUNK) as usize];
@@ -138,7 +158,7 @@ pub fn apply_beside(
 
 /// One operation of [`apply_beside`], as it arrives.
 pub fn apply_beside_op(
-    old: &mut (impl BlockStore + ?Sized),
+    old: &mut dyn BlockStore,
     new: &mut (impl BlockStore + ?Sized),
     block_size: BlockSize,
     old_len: u64,
@@ -149,6 +169,17 @@ pub fn apply_beside_op(
     let bs = u64::from(block_size.bytes());
     match op {
         Op::Copy { start, from, count } => {
+            let (read_at, write_at) = (from * bs, start * bs);
+            let len = (count * bs).min(old_len - read_at);
+            let copied = new
+                .copy_range_from(old, read_at, write_at, len)
+                .map_err(|source| ApplyError::Write {
+                    offset: write_at,
+                    source,
+                })?;
+            if copied {
+                return Ok(());
+            }
             let mut buffer = Vec::new();
             let mut done = 0;
             while done < *count {

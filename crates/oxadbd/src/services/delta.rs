@@ -340,6 +340,53 @@ impl BlockStore for FileStore<'_> {
         self.file.write_all_at(data, offset)
     }
 
+    fn as_file(&self) -> Option<&File> {
+        Some(self.file)
+    }
+
+    /// `copy_file_range`: the kernel copies (or, on btrfs and xfs, shares
+    /// the blocks), and the bytes never enter this process.
+    fn copy_range_from(
+        &mut self,
+        source: &dyn BlockStore,
+        from: u64,
+        to: u64,
+        len: u64,
+    ) -> io::Result<bool> {
+        let Some(source) = source.as_file() else {
+            return Ok(false);
+        };
+        let (mut from, mut to, mut left) = (from, to, len);
+        while left > 0 {
+            let chunk = left.min(1 << 30) as usize;
+            match rustix::fs::copy_file_range(
+                source,
+                Some(&mut from),
+                self.file,
+                Some(&mut to),
+                chunk,
+            ) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok(n) => left -= n as u64,
+                // Not between these two: the caller copies through memory.
+                Err(error)
+                    if left == len
+                        && matches!(
+                            error,
+                            rustix::io::Errno::XDEV
+                                | rustix::io::Errno::INVAL
+                                | rustix::io::Errno::NOSYS
+                                | rustix::io::Errno::OPNOTSUPP
+                        ) =>
+                {
+                    return Ok(false)
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(true)
+    }
+
     fn write_zeros_at(&mut self, offset: u64, len: u64) -> io::Result<()> {
         if self.fresh {
             return Ok(());

@@ -255,14 +255,7 @@ pub async fn push_delta(
     }
 
     // The copies, all before any write (a block device reads their sources first).
-    let mut copies = Plan::keeping(block_size, Keep::Copies);
-    for (index, decision) in decisions.iter().enumerate() {
-        copies.push(index as u64, *decision, &[]);
-    }
-    let mut out = BytesMut::new();
-    for op in copies.finish() {
-        wire::encode(&Message::Op(op), &mut out);
-    }
+    let out = encoded_copies(block_size, &decisions);
     summary.bytes_sent += out.len() as u64;
     write.write_all(&out).await.map_err(stream_error)?;
 
@@ -474,6 +467,20 @@ fn send_writes(
     Ok(digest)
 }
 
+/// The plan's copies (unchanged blocks included), coalesced and encoded:
+/// they need no block data, only the decisions.
+fn encoded_copies(block_size: BlockSize, decisions: &[Decision]) -> Bytes {
+    let mut copies = Plan::keeping(block_size, Keep::Copies);
+    for (index, decision) in decisions.iter().enumerate() {
+        copies.push(index as u64, *decision, &[]);
+    }
+    let mut out = BytesMut::new();
+    for op in copies.finish() {
+        wire::encode(&Message::Op(op), &mut out);
+    }
+    out.freeze()
+}
+
 /// What a dry run would have sent: the copies and the encoded writes,
 /// counted, not sent.
 async fn dry_run_bytes(
@@ -483,15 +490,7 @@ async fn dry_run_bytes(
     len: u64,
 ) -> io::Result<u64> {
     let block_size = planner.block_size();
-    let mut copies = Plan::keeping(block_size, Keep::Copies);
-    for (index, decision) in decisions.iter().enumerate() {
-        copies.push(index as u64, *decision, &[]);
-    }
-    let mut out = BytesMut::new();
-    for op in copies.finish() {
-        wire::encode(&Message::Op(op), &mut out);
-    }
-    let mut bytes = out.len() as u64;
+    let mut bytes = encoded_copies(block_size, decisions).len() as u64;
     let (to_send, mut sent) = mpsc::channel::<Bytes>(4);
     let source = source.to_path_buf();
     let decisions = decisions.to_vec();

@@ -1,6 +1,7 @@
 """Size limits of the static board daemons (scripts/release.sh), so that
 growth is seen when it happens (docs/benchmarks.md, "Static board builds:
-size and idle memory"): with every default feature at most 4.5 MiB, and the
+size and idle memory"): with every default feature at most 4.75 MiB (4.5
+until the `oxadb-delta:` service, about 100 KB on aarch64, came in), and the
 minimal variant (`VARIANTS=minimal`, no TLS, pairing or mDNS) at most
 3.5 MiB, for aarch64 and armv7.
 
@@ -18,8 +19,8 @@ from test_static_qemu import static_file
 MiB = 1 << 20
 # (arch, file under target/static/TARGET/, limit in bytes)
 LIMITS = [
-    ("aarch64", "oxadbd", 4 * MiB + MiB // 2),
-    ("armv7", "oxadbd", 4 * MiB + MiB // 2),
+    ("aarch64", "oxadbd", 4 * MiB + 3 * MiB // 4),
+    ("armv7", "oxadbd", 4 * MiB + 3 * MiB // 4),
     ("aarch64", "oxadbd-minimal", 3 * MiB + MiB // 2),
     ("armv7", "oxadbd-minimal", 3 * MiB + MiB // 2),
 ]

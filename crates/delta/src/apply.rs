@@ -38,15 +38,25 @@ pub trait BlockStore {
 
     /// Makes `len` bytes at `offset` zero; a store may punch a hole instead.
     fn write_zeros_at(&mut self, offset: u64, len: u64) -> io::Result<()> {
-        let zeros = vec![0u8; len.min(ZERO_CHUNK) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(zeros.len() as u64);
-            self.write_all_at(offset + done, &zeros[..n as usize])?;
-            done += n;
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
+}
+
+/// [`BlockStore::write_zeros_at`] by plain writes of zeros, a megabyte at a
+/// time: the default, and what a store that sometimes skips them falls back on.
+pub fn write_zeros(
+    store: &mut (impl BlockStore + ?Sized),
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
+    let zeros = vec![0u8; len.min(ZERO_CHUNK) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64);
+        store.write_all_at(offset + done, &zeros[..n as usize])?;
+        done += n;
+    }
+    Ok(())
 }
 
 const ZERO_CHUNK: u64 = 1 << 20;

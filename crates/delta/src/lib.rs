@@ -28,7 +28,7 @@ pub mod wire;
 
 pub use apply::{
     apply_beside, apply_beside_op, apply_copies_in_place, apply_in_place, apply_write, check,
-    ApplyError, BlockStore,
+    write_zeros, ApplyError, BlockStore,
 };
 pub use block::BlockSize;
 pub use digest::{BlockDigest, ImageDigest, DIGEST_LEN};

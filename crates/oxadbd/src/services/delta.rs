@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 use oxadb_delta::wire::{self, Decoder, Message, Target, DIGESTS_PER_MESSAGE};
 use oxadb_delta::{
-    apply_beside_op, apply_copies_in_place, apply_write, BlockDigest, BlockSize, BlockStore,
-    ImageDigest, Op,
+    apply_beside_op, apply_copies_in_place, apply_write, write_zeros, BlockDigest, BlockSize,
+    BlockStore, ImageDigest, Op,
 };
 use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
 
@@ -290,36 +290,54 @@ fn open_old(path: &Path) -> io::Result<Old> {
 
 /// The old image's block digests, in batches, read a megabyte at a time.
 fn send_digests(link: &mut Link, file: &File, block_size: BlockSize, len: u64) -> io::Result<()> {
+    let mut batch = Vec::with_capacity(DIGESTS_PER_MESSAGE);
+    let mut sent = 0u64;
+    read_blocks(file, block_size, 0, len, |block| {
+        batch.push(BlockDigest::of(block));
+        if batch.len() == DIGESTS_PER_MESSAGE {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(DIGESTS_PER_MESSAGE));
+            send_batch(link, &mut sent, full)?;
+        }
+        Ok(())
+    })?;
+    if !batch.is_empty() {
+        send_batch(link, &mut sent, batch)?;
+    }
+    Ok(())
+}
+
+/// One DIGESTS message, the blocks after the `sent` ones before it.
+fn send_batch(link: &mut Link, sent: &mut u64, digests: Vec<BlockDigest>) -> io::Result<()> {
+    let count = digests.len() as u64;
+    if !link.send(&Message::Digests {
+        start: *sent,
+        digests,
+    }) {
+        return Err(io::Error::other("the host closed the stream"));
+    }
+    *sent += count;
+    Ok(())
+}
+
+/// Reads `file` from block `first` to byte `len`, a megabyte at a time,
+/// handing each block (the last maybe short) to `each`.
+fn read_blocks(
+    file: &File,
+    block_size: BlockSize,
+    first: u64,
+    len: u64,
+    mut each: impl FnMut(&[u8]) -> io::Result<()>,
+) -> io::Result<()> {
     let bs = block_size.bytes() as usize;
     let mut buffer = vec![0u8; READ_CHUNK.max(bs)];
-    let mut batch = Vec::with_capacity(DIGESTS_PER_MESSAGE);
-    let mut batch_start = 0u64;
-    let mut offset = 0u64;
+    let mut offset = block_size.offset_of(first);
     while offset < len {
         let n = (len - offset).min(buffer.len() as u64) as usize;
         file.read_exact_at(&mut buffer[..n], offset)?;
         for block in buffer[..n].chunks(bs) {
-            batch.push(BlockDigest::of(block));
-            if batch.len() == DIGESTS_PER_MESSAGE {
-                let digests =
-                    std::mem::replace(&mut batch, Vec::with_capacity(DIGESTS_PER_MESSAGE));
-                let count = digests.len() as u64;
-                if !link.send(&Message::Digests {
-                    start: batch_start,
-                    digests,
-                }) {
-                    return Err(io::Error::other("the host closed the stream"));
-                }
-                batch_start += count;
-            }
+            each(block)?;
         }
         offset += n as u64;
-    }
-    if !batch.is_empty() {
-        link.send(&Message::Digests {
-            start: batch_start,
-            digests: batch,
-        });
     }
     Ok(())
 }
@@ -391,14 +409,7 @@ impl BlockStore for FileStore<'_> {
         if self.fresh {
             return Ok(());
         }
-        let zeros = vec![0u8; len.min(READ_CHUNK as u64) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(zeros.len() as u64) as usize;
-            self.file.write_all_at(&zeros[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
 }
 
@@ -520,21 +531,12 @@ fn verify(
 ) -> Result<Built, BuildError> {
     let mut digest = ImageDigest::new();
     let mut blocks = Vec::with_capacity(block_size.blocks_in(len) as usize);
-    let chunk = READ_CHUNK.max(block_size.bytes() as usize);
-    let mut buffer = vec![0u8; chunk];
-    let mut offset = 0u64;
-    while offset < len {
-        let n = (len - offset).min(chunk as u64) as usize;
-        file.read_exact_at(&mut buffer[..n], offset)
-            .map_err(BuildError::ReadBack)?;
-        digest.update(&buffer[..n]);
-        blocks.extend(
-            buffer[..n]
-                .chunks(block_size.bytes() as usize)
-                .map(BlockDigest::of),
-        );
-        offset += n as u64;
-    }
+    read_blocks(file, block_size, 0, len, |block| {
+        digest.update(block);
+        blocks.push(BlockDigest::of(block));
+        Ok(())
+    })
+    .map_err(BuildError::ReadBack)?;
     let got = digest.finish();
     if got != expected {
         return Err(BuildError::DigestMismatch);
@@ -583,27 +585,19 @@ fn tail_digests(
     first: u64,
     size: u64,
 ) -> io::Result<Vec<BlockDigest>> {
-    let bs = block_size.bytes() as usize;
-    let mut buffer = vec![0u8; bs];
     let mut digests = Vec::new();
-    for block in first..block_size.blocks_in(size) {
-        let n = block_size.len_of(block, size);
-        file.read_exact_at(&mut buffer[..n], block_size.offset_of(block))?;
-        digests.push(BlockDigest::of(&buffer[..n]));
-    }
+    read_blocks(file, block_size, first, size, |block| {
+        digests.push(BlockDigest::of(block));
+        Ok(())
+    })?;
     Ok(digests)
 }
 
 /// Digests from an index, in the batches [`send_digests`] sends.
 fn send_kept_digests(link: &mut Link, digests: Vec<BlockDigest>) -> Result<(), String> {
-    for (batch, chunk) in digests.chunks(DIGESTS_PER_MESSAGE).enumerate() {
-        let sent = link.send(&Message::Digests {
-            start: (batch * DIGESTS_PER_MESSAGE) as u64,
-            digests: chunk.to_vec(),
-        });
-        if !sent {
-            return Err("the host closed the stream".into());
-        }
+    let mut sent = 0u64;
+    for chunk in digests.chunks(DIGESTS_PER_MESSAGE) {
+        send_batch(link, &mut sent, chunk.to_vec()).map_err(|error| error.to_string())?;
     }
     Ok(())
 }

@@ -101,7 +101,7 @@ export PATH="${TOOLS}/zig-bin:${TOOLS}/bin:${PATH}"
 
 mkdir -p target/static
 SUMMARY=()
-rustup component list --installed | grep -q '^rust-src' ||
+rustup component list --installed | grep '^rust-src' >/dev/null ||
     rustup component add rust-src || die "rustup component add rust-src failed"
 BUILD_STD=(-Zbuild-std=std,panic_unwind -Zbuild-std-features=panic-unwind,optimize_for_size)
 for target in "${TARGETS[@]}"; do

@@ -89,11 +89,13 @@ fi
 command -v mkfs.ext4 >/dev/null 2>&1 || die "mkfs.ext4 is still not on PATH after installing e2fsprogs"
 command -v losetup >/dev/null 2>&1 || die "losetup is still not on PATH after installing mount"
 # test_disk_full.py mounts tests/interop/faultfs.py through fusepy, which loads libfuse2.
-if ! ldconfig -p | grep -q 'libfuse\.so\.2'; then
+# grep reads the whole list (no -q): with pipefail, `grep -q` quitting at the first
+# match can kill ldconfig with SIGPIPE and fail the pipeline although the library is there.
+if ! ldconfig -p | grep 'libfuse\.so\.2' >/dev/null; then
     echo "libfuse.so.2 not found: installing Debian's libfuse2 package"
     apt_install libfuse2
 fi
-ldconfig -p | grep -q 'libfuse\.so\.2' || die "libfuse.so.2 is still missing after installing the libfuse2 package"
+ldconfig -p | grep 'libfuse\.so\.2' >/dev/null || die "libfuse.so.2 is still missing after installing the libfuse2 package"
 [ -c /dev/fuse ] || die "/dev/fuse is missing (needed by test_disk_full.py's FUSE filesystem)"
 ADB_VERSION_TEXT="$(adb version 2>&1)" || die "\`adb version\` failed: ${ADB_VERSION_TEXT}"
 echo "${ADB_VERSION_TEXT}"
@@ -233,7 +235,7 @@ EMU_OUT="$(as_root target/release/oxadb-bench emulated --size 16M --rtts 10 \
 printf '%s\n' "${EMU_OUT}" | grep -A 14 '^### .* link, round trip'
 # Every link kind ran; the two that release frames one by one keep the round trip.
 for link in Offload Plain Clumped; do
-    printf '%s\n' "${EMU_OUT}" | grep -q "^### ${link} link, round trip 10 ms" ||
+    grep -q "^### ${link} link, round trip 10 ms" <<<"${EMU_OUT}" ||
         die "oxadb-bench emulated printed no table for the ${link} link"
 done
 [ "$(printf '%s\n' "${EMU_OUT}" | grep -c '^Ping .*: within 10%')" -eq 2 ] ||

@@ -350,6 +350,13 @@ def test_only_hosts_that_negotiated_it_get_the_service(fresh_daemon, tmp_path):
     ("a bad block size", frame(b"B", struct.pack("<IQI", 3000, 10, 0o644) + b"/x"),
      "block size 3000"),
     ("an operation first", frame(b"Z", struct.pack("<QQ", 0, 1)), "did not start with BEGIN"),
+    ("a want of regions the image lacks",
+     frame(b"B", struct.pack("<IQI", 4096, 10, 0o644) + b"/nonexistent-oxadb-delta-test/img") +
+     frame(b"W", b"\x01" + struct.pack("<QQ", 5, 1)),
+     "the host wants 1 regions from 5; the old image has 0"),
+    ("a bad want flag",
+     frame(b"B", struct.pack("<IQI", 4096, 10, 0o644) + b"/nonexistent-oxadb-delta-test/img") +
+     frame(b"W", b"\x07"), "last flag 7"),
 ])
 def test_malformed_requests_fail_the_delta_and_nothing_else(fresh_daemon, tmp_path, what, sent,
                                                             expected):
@@ -371,12 +378,13 @@ def test_operations_outside_the_image_fail_and_leave_the_file(fresh_daemon, tmp_
     dest.write_bytes(os.urandom(8 * BLOCK))
     before = sha256_file(dest)
     begin = frame(b"B", struct.pack("<IQI", BLOCK, 8 * BLOCK, 0o644) + str(dest).encode())
+    wants_nothing = frame(b"W", b"\x01")
     copy_past_the_end = frame(b"C", struct.pack("<QQQ", 0, 7, 5))
     client = RawClient(d.port)
     try:
         client.connect(b"host::features=oxadb_delta\0")
-        message = fail_message(client.run_service("oxadb-delta:",
-                                                   stdin=begin + copy_past_the_end))
+        message = fail_message(client.run_service(
+            "oxadb-delta:", stdin=begin + wants_nothing + copy_past_the_end))
         assert str(dest) in message and "reads past the old image" in message, message
     finally:
         client.close()
@@ -425,21 +433,18 @@ def test_the_next_delta_uses_the_index_unless_the_target_changed(fresh_daemon, h
             loop.close()
 
 
-def test_an_index_that_no_longer_holds_fails_the_check_and_is_dropped(fresh_daemon, home,
-                                                                     tmp_path, images):
-    """A write through another node of the same device, still in the page
-    cache: it moved neither the target node's ctime nor the device's write
-    count, so the index looks valid; the end check catches what it got
-    wrong, and the next delta reads the device."""
+def test_a_write_left_in_the_page_cache_by_another_node_is_seen(fresh_daemon, home, tmp_path,
+                                                               images):
+    """A write through another node of the same device, kept open so that
+    no close flushes it: the daemon flushes the device before reading its
+    write count, the count moves, and the index is not used."""
     v1, v2 = images
-    d = fresh_daemon("delta-stale", args=private_state(tmp_path), rust_log="info")
+    d = fresh_daemon("delta-dirty", args=private_state(tmp_path), rust_log="info")
     loop = Loop(tmp_path / "backing.img", v1)
     try:
         delta(home, d.serial, v2, loop.device)
-        # Dirty a block the image has (not a zero one, which a delta would
-        # send as ZERO anyway) through a node of our own, and keep it open:
-        # the device's last close would flush the page.
         image = v2.read_bytes()
+        # A block the image has (not a zero one, which a delta sends as ZERO anyway).
         block = next(i for i in range(1, IMAGE // BLOCK)
                      if any(image[i * BLOCK:(i + 1) * BLOCK]))
         alias = tmp_path / "alias"
@@ -447,14 +452,41 @@ def test_an_index_that_no_longer_holds_fails_the_check_and_is_dropped(fresh_daem
         fd = os.open(alias, os.O_WRONLY)
         try:
             os.pwrite(fd, os.urandom(BLOCK), block * BLOCK)
-            cp = oxadb(home, "-s", d.serial, "push", "--delta", str(v2), loop.device)
+            delta(home, d.serial, v2, loop.device)
         finally:
             os.close(fd)
-        assert cp.returncode == 1, (cp.stdout, cp.stderr)
-        assert "differs from the host's" in cp.stderr and loop.device in cp.stderr, cp.stderr
-        assert d.log_path.read_text("utf-8", "replace").count(KEPT) == 1
-        assert list((tmp_path / "state" / "delta-index").iterdir()) == []
-        delta(home, d.serial, v2, loop.device)
+        assert d.log_path.read_text("utf-8", "replace").count(KEPT) == 0
         assert loop.first(IMAGE) == v2.read_bytes()
+    finally:
+        loop.close()
+
+
+def test_a_target_rewritten_behind_its_node_fails_the_index_sample(fresh_daemon, home, tmp_path,
+                                                                  images):
+    """The loop device's backing file rewritten directly, as a whole disk
+    written over a partition: the device's own write count does not move,
+    so the key holds; the blocks the daemon samples before trusting the
+    index differ, and it reads the device instead."""
+    v1, v2 = images
+    d = fresh_daemon("delta-behind", args=private_state(tmp_path), rust_log="info")
+    loop = Loop(tmp_path / "backing.img", v1)
+    try:
+        delta(home, d.serial, v2, loop.device)
+        with open(loop.backing, "r+b") as f:
+            f.write(os.urandom(IMAGE))
+            f.flush()
+            os.fsync(f.fileno())
+        # Drop the loop device's cached pages: its reads now see the file.
+        subprocess.run(["blockdev", "--flushbufs", loop.device], check=True)
+        assert loop.first(BLOCK * 4) != v2.read_bytes()[:BLOCK * 4]
+        delta(home, d.serial, v2, loop.device)
+        log = d.log_path.read_text("utf-8", "replace")
+        assert "no longer matches the index kept for it" in log, log
+        assert log.count(KEPT) == 0
+        assert loop.first(IMAGE) == v2.read_bytes()
+        # The index the second delta kept holds again.
+        delta(home, d.serial, v1, loop.device)
+        assert d.log_path.read_text("utf-8", "replace").count(KEPT) == 1
+        assert loop.first(IMAGE) == v1.read_bytes()
     finally:
         loop.close()

@@ -7,6 +7,8 @@
 //! finding (xxh3, 6.3 GB/s) would still need the strong one for every match,
 //! and in an image that changed a few percent nearly every block matches.
 
+use crate::BlockSize;
+
 /// Bytes of a block digest: BLAKE3 cut to 128 bits. Two different blocks
 /// share one with probability 2^-128 per pair; nobody can choose the old
 /// image's blocks but the device's owner, and the whole-image digest checks
@@ -24,6 +26,12 @@ impl BlockDigest {
         digest.copy_from_slice(&hash.as_bytes()[..DIGEST_LEN]);
         BlockDigest(digest)
     }
+
+    /// The digest of `len` zero bytes (at most the largest block size).
+    pub fn of_zeros(len: usize) -> BlockDigest {
+        static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+        BlockDigest::of(&ZEROS[..len])
+    }
 }
 
 impl std::fmt::Debug for BlockDigest {
@@ -35,28 +43,71 @@ impl std::fmt::Debug for BlockDigest {
     }
 }
 
-/// The digest of a whole image, which both ends compute over what the
-/// device ends up with: a delta is done only when they agree.
+/// The digest of a whole image: BLAKE3-256 over its length, its block size
+/// and its blocks' digests in order, the root of a two-level tree whose
+/// leaves are [`BlockDigest`]s. Both ends can make it without reading the
+/// image again: the host from the digests it took while reading, the
+/// device from the digests of what it wrote and of the old blocks it kept
+/// (docs/delta.md, "The end check").
 #[derive(Clone)]
 pub struct ImageDigest(blake3::Hasher);
 
 impl ImageDigest {
-    pub fn new() -> ImageDigest {
-        ImageDigest(blake3::Hasher::new())
+    pub fn new(block_size: BlockSize, len: u64) -> ImageDigest {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"oxadb-delta image");
+        hasher.update(&len.to_le_bytes());
+        hasher.update(&block_size.bytes().to_le_bytes());
+        ImageDigest(hasher)
     }
 
-    /// Adds the image's next bytes.
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
+    /// Adds the image's next block.
+    pub fn push(&mut self, block: &BlockDigest) {
+        self.0.update(&block.0);
     }
 
     pub fn finish(&self) -> [u8; 32] {
         *self.0.finalize().as_bytes()
     }
+
+    /// The digest of an image whose blocks have `blocks` for digests.
+    pub fn of_blocks(block_size: BlockSize, len: u64, blocks: &[BlockDigest]) -> [u8; 32] {
+        let mut digest = ImageDigest::new(block_size, len);
+        for block in blocks {
+            digest.push(block);
+        }
+        digest.finish()
+    }
 }
 
-impl Default for ImageDigest {
-    fn default() -> ImageDigest {
-        ImageDigest::new()
+/// Blocks under one region digest. 256 blocks of 4 KiB make 1 MiB regions:
+/// a GiB's region digests are 16 KiB against 4 MiB of block digests, and
+/// an image whose changes cluster (a rewritten file, a grown directory)
+/// sends block digests for few regions (docs/delta.md, "Regions").
+pub const REGION_BLOCKS: u64 = 256;
+
+/// The digest of a region: BLAKE3 of its blocks' digests, cut to 128 bits.
+/// Two regions with the same digest hold the same blocks, a short last
+/// block included (its digest covers its length).
+pub fn region_digest(blocks: &[BlockDigest]) -> BlockDigest {
+    let mut hasher = blake3::Hasher::new();
+    for block in blocks {
+        hasher.update(&block.0);
     }
+    let mut digest = [0u8; DIGEST_LEN];
+    digest.copy_from_slice(&hasher.finalize().as_bytes()[..DIGEST_LEN]);
+    BlockDigest(digest)
+}
+
+/// The region digests of an image whose blocks have `blocks` for digests.
+pub fn region_digests(blocks: &[BlockDigest]) -> Vec<BlockDigest> {
+    blocks
+        .chunks(REGION_BLOCKS as usize)
+        .map(region_digest)
+        .collect()
+}
+
+/// Regions that hold an image of `blocks` blocks, the last one maybe short.
+pub fn regions_in(blocks: u64) -> u64 {
+    blocks.div_ceil(REGION_BLOCKS)
 }

@@ -21,6 +21,7 @@
 
 mod apply;
 mod block;
+mod compose;
 mod digest;
 mod plan;
 mod schedule;
@@ -31,9 +32,12 @@ pub use apply::{
     write_zeros, ApplyError, BlockStore,
 };
 pub use block::BlockSize;
-pub use digest::{BlockDigest, ImageDigest, DIGEST_LEN};
+pub use compose::{CheckedReads, Composition, CompositionError};
+pub use digest::{
+    region_digest, region_digests, regions_in, BlockDigest, ImageDigest, DIGEST_LEN, REGION_BLOCKS,
+};
 pub use plan::{
-    plan_image, Decision, DigestCountError, Keep, Op, Plan, Planner, MAX_REPLACE_BYTES,
+    plan_image, BlockInfo, Decision, DigestCountError, Keep, Op, Plan, Planner, MAX_REPLACE_BYTES,
 };
 pub use schedule::{InPlaceSchedule, Read, Step};
 

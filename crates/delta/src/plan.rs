@@ -82,21 +82,45 @@ impl Planner {
 
     /// Block `index` of the new image holds `block`.
     pub fn decide(&self, index: u64, block: &[u8]) -> Decision {
-        let digest = BlockDigest::of(block);
-        let same_place = self.old.get(index as usize) == Some(&digest)
-            && self.block_size.len_of(index, self.old_len) == block.len();
+        self.decide_digest(index, &BlockInfo::of(block))
+    }
+
+    /// Block `index` of the new image is the one `info` describes: the
+    /// host decides from the digests it took while reading its image once.
+    pub fn decide_digest(&self, index: u64, info: &BlockInfo) -> Decision {
+        let same_place = self.old.get(index as usize) == Some(&info.digest)
+            && self.block_size.len_of(index, self.old_len) == info.len as usize;
         if same_place {
             return Decision::Same;
         }
-        if is_zero(block) {
+        if info.zero {
             return Decision::Zero;
         }
-        if block.len() == self.block_size.bytes() as usize {
-            if let Some(&from) = self.anywhere.get(&digest) {
+        if info.len == self.block_size.bytes() {
+            if let Some(&from) = self.anywhere.get(&info.digest) {
                 return Decision::Copy { from };
             }
         }
         Decision::Replace
+    }
+}
+
+/// What deciding a block needs of it: its digest, length and whether it is
+/// all zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub digest: BlockDigest,
+    pub len: u32,
+    pub zero: bool,
+}
+
+impl BlockInfo {
+    pub fn of(block: &[u8]) -> BlockInfo {
+        BlockInfo {
+            digest: BlockDigest::of(block),
+            len: block.len() as u32,
+            zero: is_zero(block),
+        }
     }
 }
 

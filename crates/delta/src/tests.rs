@@ -79,8 +79,32 @@ fn round_trip(old: &[u8], new: &[u8], block_size: BlockSize) -> Vec<Op> {
     // past the new one.
     let mut device = Memory(old.to_vec());
     device.0.resize(old.len().max(new.len()), 0);
-    apply_in_place(&mut device, block_size, old_len, new_len, &ops).unwrap();
+    let old_digests = digests(old, block_size);
+    let mut checked = CheckedReads {
+        store: &mut device,
+        block_size,
+        old_len,
+        old: &old_digests,
+    };
+    apply_in_place(&mut checked, block_size, old_len, new_len, &ops).unwrap();
     assert!(device.0[..new.len()] == *new, "in place: the image differs");
+
+    // The device's end check, made from the operations alone, agrees with
+    // the host's, made from the new image, both ways.
+    let expected = ImageDigest::of_blocks(block_size, new_len, &digests(new, block_size));
+    let mut composed_beside = Composition::beside(block_size, new_len);
+    let mut composed_in_place = Composition::in_place(block_size, new_len, old_len, &old_digests);
+    for op in &ops {
+        composed_beside.record(op, &old_digests).unwrap();
+        if !op.is_unchanged() {
+            composed_in_place.record(op, &old_digests).unwrap();
+        }
+    }
+    for composed in [composed_beside, composed_in_place] {
+        let (blocks, digest) = composed.finish().unwrap();
+        assert_eq!(blocks, digests(new, block_size));
+        assert_eq!(digest, expected);
+    }
     ops
 }
 
@@ -392,6 +416,18 @@ mod wire_format {
                 target: Target::Absent,
                 old_len: 0,
             },
+            Message::Regions {
+                start: 3,
+                digests: digests(&random(2 * B, 22), BS),
+            },
+            Message::Want {
+                runs: vec![(0, 2), (7, 1)],
+                last: false,
+            },
+            Message::Want {
+                runs: Vec::new(),
+                last: true,
+            },
             Message::Digests {
                 start: 7,
                 digests: digests(&random(5 * B, 20), BS),
@@ -564,4 +600,120 @@ fn copies_first_then_writes_is_the_whole_plan() {
         apply_write(&mut device, BS, old.len() as u64, new.len() as u64, op).unwrap();
     }
     assert!(device.0 == new);
+}
+
+#[test]
+fn a_changed_copy_source_fails_an_in_place_delta() {
+    // Block 3 moves to 0; the device's block 3 changed after its digests were taken.
+    let old = random(8 * B, 30);
+    let mut new = old.clone();
+    new.copy_within(3 * B..4 * B, 0);
+    let ops = plan(&old, &new, BS);
+    assert!(
+        ops.iter().any(|op| matches!(op, Op::Copy { from: 3, .. })),
+        "{ops:?}"
+    );
+    let old_digests = digests(&old, BS);
+    let mut device = Memory(old.clone());
+    device.0[3 * B + 10] ^= 1;
+    let mut checked = CheckedReads {
+        store: &mut device,
+        block_size: BS,
+        old_len: old.len() as u64,
+        old: &old_digests,
+    };
+    let error = apply_in_place(&mut checked, BS, old.len() as u64, new.len() as u64, &ops)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("old block 3 no longer has the digest"),
+        "{error}"
+    );
+    // Nothing was written before the failed read: block 0 is as it was.
+    assert_eq!(device.0[..B], old[..B]);
+}
+
+#[test]
+fn a_block_nothing_wrote_fails_the_composition() {
+    let new_len = 4 * B as u64;
+    let mut composed = Composition::beside(BS, new_len);
+    composed
+        .record(&Op::Zero { start: 0, count: 2 }, &[])
+        .unwrap();
+    composed
+        .record(
+            &Op::Replace {
+                start: 3,
+                data: Bytes::from(vec![1u8; B]),
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        composed.finish().unwrap_err(),
+        CompositionError::Unwritten(2)
+    );
+}
+
+#[test]
+fn a_copy_of_an_old_block_past_the_digests_fails_the_composition() {
+    let mut composed = Composition::beside(BS, B as u64);
+    let error = composed
+        .record(
+            &Op::Copy {
+                start: 0,
+                from: 5,
+                count: 1,
+            },
+            &digests(&random(2 * B, 31), BS),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, CompositionError::NoOldBlock { block: 5, .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn region_digests_differ_only_where_a_block_changed() {
+    let blocks = REGION_BLOCKS as usize * 3 + 5;
+    let old = random(blocks * 512, 32);
+    let mut new = old.clone();
+    // One byte in the second region.
+    new[(REGION_BLOCKS as usize + 7) * 512] ^= 1;
+    let bs = BlockSize::new(512).unwrap();
+    let (old_regions, new_regions) = (
+        region_digests(&digests(&old, bs)),
+        region_digests(&digests(&new, bs)),
+    );
+    assert_eq!(old_regions.len() as u64, regions_in(blocks as u64));
+    assert_eq!(old_regions.len(), 4);
+    let differ: Vec<usize> = (0..4)
+        .filter(|&r| old_regions[r] != new_regions[r])
+        .collect();
+    assert_eq!(differ, vec![1]);
+    // A last block cut short changes the last region's digest.
+    let cut = region_digests(&digests(&old[..old.len() - 1], bs));
+    assert_eq!(cut[..3], old_regions[..3]);
+    assert_ne!(cut[3], old_regions[3]);
+}
+
+#[test]
+fn the_image_digest_covers_the_length_and_the_block_size() {
+    let image = random(3 * B, 33);
+    let blocks = digests(&image, BS);
+    let digest = ImageDigest::of_blocks(BS, image.len() as u64, &blocks);
+    assert_ne!(
+        digest,
+        ImageDigest::of_blocks(BS, image.len() as u64 + 1, &blocks)
+    );
+    let other = BlockSize::new(8192).unwrap();
+    assert_ne!(
+        digest,
+        ImageDigest::of_blocks(other, image.len() as u64, &blocks)
+    );
+    assert_ne!(
+        digest,
+        ImageDigest::of_blocks(BS, image.len() as u64, &blocks[..2])
+    );
 }

@@ -1,10 +1,12 @@
 //! The messages of an `oxadb-delta:` stream, framed the same way in both
 //! directions: a 4-byte little-endian body length, a tag byte, the body
-//! (docs/delta.md, "Protocol"). The host opens the stream with `Begin`;
-//! the device answers with `Index` and the old image's digests while the
-//! host sends operations as it plans them, so neither waits for the
-//! other's whole half; `End` carries the new image's digest, and the
-//! device answers `Done` with the digest of what it built, or `Fail`.
+//! (docs/delta.md, "Protocol"). The host opens the stream with `Begin`
+//! and reads its image while the device answers with `Index` and the old
+//! image's region digests (`Regions`); the host asks (`Want`) for the
+//! block digests of the regions that differ from its own, the device sends
+//! them (`Digests`), and the host sends operations; `End` carries the new
+//! image's digest, and the device answers `Done` with the digest of what
+//! it built, or `Fail`.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -16,8 +18,11 @@ use crate::BlockSize;
 /// its fields. Anything larger is refused before it is buffered.
 pub const MAX_BODY: usize = MAX_REPLACE_BYTES + 64;
 
-/// Digests per `Digests` message: 64 KiB of them.
+/// Digests per `Digests` or `Regions` message: 64 KiB of them.
 pub const DIGESTS_PER_MESSAGE: usize = 4096;
+
+/// Runs per `Want` message: 64 KiB of them.
+pub const RUNS_PER_WANT: usize = 4096;
 
 /// What the device's destination was when the delta began.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +47,17 @@ pub enum Message {
     },
     /// Device: what the destination is and how long.
     Index { target: Target, old_len: u64 },
-    /// Device: the digests of old blocks `start..start + digests.len()`.
+    /// Device: the digests of old regions `start..start + digests.len()`
+    /// (each [`crate::REGION_BLOCKS`] blocks).
+    Regions {
+        start: u64,
+        digests: Vec<BlockDigest>,
+    },
+    /// Host: send the block digests of these runs of old regions (first
+    /// region, count); `last` says no more wants follow.
+    Want { runs: Vec<(u64, u64)>, last: bool },
+    /// Device: the digests of old blocks `start..start + digests.len()`,
+    /// in the order the host wanted them.
     Digests {
         start: u64,
         digests: Vec<BlockDigest>,
@@ -63,6 +78,8 @@ impl Message {
         match self {
             Message::Begin { .. } => "BEGIN",
             Message::Index { .. } => "INDEX",
+            Message::Regions { .. } => "REGIONS",
+            Message::Want { .. } => "WANT",
             Message::Digests { .. } => "DIGESTS",
             Message::Op(Op::Copy { .. }) => "COPY",
             Message::Op(Op::Zero { .. }) => "ZERO",
@@ -87,6 +104,8 @@ pub enum WireError {
 mod tag {
     pub const BEGIN: u8 = b'B';
     pub const INDEX: u8 = b'I';
+    pub const REGIONS: u8 = b'S';
+    pub const WANT: u8 = b'W';
     pub const DIGESTS: u8 = b'D';
     pub const COPY: u8 = b'C';
     pub const ZERO: u8 = b'Z';
@@ -121,6 +140,21 @@ pub fn encode(message: &Message, out: &mut BytesMut) {
                 Target::BlockDevice => 2,
             });
             out.put_u64_le(*old_len);
+        }
+        Message::Regions { start, digests } => {
+            out.put_u8(tag::REGIONS);
+            out.put_u64_le(*start);
+            for digest in digests {
+                out.put_slice(&digest.0);
+            }
+        }
+        Message::Want { runs, last } => {
+            out.put_u8(tag::WANT);
+            out.put_u8(u8::from(*last));
+            for (first, count) in runs {
+                out.put_u64_le(*first);
+                out.put_u64_le(*count);
+            }
         }
         Message::Digests { start, digests } => {
             out.put_u8(tag::DIGESTS);
@@ -277,17 +311,46 @@ fn decode(mut frame: Bytes) -> Result<Message, WireError> {
                 old_len: frame.get_u64_le(),
             }
         }
-        tag::DIGESTS => {
-            need(&frame, "DIGESTS", 8)?;
+        tag::REGIONS | tag::DIGESTS => {
+            let what = if tag == tag::REGIONS {
+                "REGIONS"
+            } else {
+                "DIGESTS"
+            };
+            need(&frame, what, 8)?;
             let start = frame.get_u64_le();
             if !frame.len().is_multiple_of(DIGEST_LEN) {
-                return Err(malformed("DIGESTS", "not whole digests"));
+                return Err(malformed(what, "not whole digests"));
             }
             let digests = frame
                 .chunks_exact(DIGEST_LEN)
                 .map(|d| BlockDigest(d.try_into().expect("DIGEST_LEN bytes")))
                 .collect();
-            Message::Digests { start, digests }
+            if tag == tag::REGIONS {
+                Message::Regions { start, digests }
+            } else {
+                Message::Digests { start, digests }
+            }
+        }
+        tag::WANT => {
+            need(&frame, "WANT", 1)?;
+            let last = match frame.get_u8() {
+                0 => false,
+                1 => true,
+                other => return Err(malformed("WANT", format!("last flag {other}"))),
+            };
+            if !frame.len().is_multiple_of(16) {
+                return Err(malformed("WANT", "not whole runs"));
+            }
+            let runs = frame
+                .chunks_exact(16)
+                .map(|run| {
+                    let first = u64::from_le_bytes(run[..8].try_into().expect("8 bytes"));
+                    let count = u64::from_le_bytes(run[8..].try_into().expect("8 bytes"));
+                    (first, count)
+                })
+                .collect();
+            Message::Want { runs, last }
         }
         tag::COPY => {
             exact(&frame, "COPY", 24)?;

@@ -1,9 +1,11 @@
 //! `oxadb push --delta`: the host's side of an `oxadb-delta:` stream
-//! (docs/delta.md). The device sends the old image's block digests; the
-//! host reads the new image twice, once to decide every block against them
-//! and once to send zeros and new data, with the copies sent in between,
-//! first, as a device applying them in place needs; the last message
-//! carries the new image's digest, which the device must match.
+//! (docs/delta.md). The host reads and digests its image once while the
+//! device digests (or loads the index of) the old one and sends its region
+//! digests; the host then asks for the block digests of the regions that
+//! differ, decides every block from digests alone, sends the copies first
+//! (a device applying them in place needs them before any write), then
+//! zeros and new data, read again only where a block is new; the last
+//! message carries the new image's digest, which the device must match.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -14,8 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use oxadb_delta::wire::{self, Decoder, Message, Target};
-use oxadb_delta::{BlockDigest, BlockSize, Decision, ImageDigest, Keep, Op, Plan, Planner};
+use oxadb_delta::wire::{self, Decoder, Message, Target, RUNS_PER_WANT};
+use oxadb_delta::{
+    region_digests, regions_in, BlockDigest, BlockInfo, BlockSize, Decision, ImageDigest, Keep, Op,
+    Plan, Planner, MAX_REPLACE_BYTES, REGION_BLOCKS,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -47,11 +52,12 @@ impl Default for DeltaOptions {
 /// The phases of a delta, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// The device digests its old image and sends the digests.
+    /// The host reads and digests the new image (the device digests the
+    /// old one meanwhile).
+    Reading,
+    /// The host waits for the rest of the device's digests.
     Index,
-    /// The host reads the new image and decides every block.
-    Deciding,
-    /// The host reads it again and sends zeros and new data.
+    /// The host sends copies, zeros and new data.
     Sending,
     /// The device checks what it built against the image's digest.
     Checking,
@@ -74,8 +80,8 @@ impl DeltaProgress {
     /// The phase, the bytes done and the bytes in all.
     pub fn get(&self) -> (Phase, u64, u64) {
         let phase = match self.phase.load(Ordering::Relaxed) {
-            0 => Phase::Index,
-            1 => Phase::Deciding,
+            0 => Phase::Reading,
+            1 => Phase::Index,
             2 => Phase::Sending,
             _ => Phase::Checking,
         };
@@ -188,53 +194,141 @@ pub async fn push_delta(
     bytes_sent += begin.len() as u64;
     write.write_all(&begin).await.map_err(stream_error)?;
 
-    // The old image's digests, while nothing else can be decided.
-    let (target, old_len) = match from_device.next(&mut read).await? {
-        Message::Index { target, old_len } => (target, old_len),
-        Message::Fail { message } => return Err(remote(message)),
-        other => return Err(protocol(format!("expected INDEX, got {}", other.name()))),
+    // The new image read once, while the device reads the old one.
+    let source_path = source.to_path_buf();
+    report.start(Phase::Reading, image_len);
+    let reading_report = report.clone();
+    let mut reading = tokio::task::spawn_blocking(move || {
+        digest_image(&source_path, block_size, image_len, &reading_report)
+    });
+    let ((target, old_len, old_regions), new_blocks) = {
+        let index = async {
+            let (target, old_len) = match from_device.next(&mut read).await? {
+                Message::Index { target, old_len } => (target, old_len),
+                Message::Fail { message } => return Err(remote(message)),
+                other => return Err(protocol(format!("expected INDEX, got {}", other.name()))),
+            };
+            let regions = regions_in(block_size.blocks_in(old_len));
+            let mut old_regions: Vec<BlockDigest> = Vec::with_capacity(regions as usize);
+            while (old_regions.len() as u64) < regions {
+                match from_device.next(&mut read).await? {
+                    Message::Regions { start, digests }
+                        if start == old_regions.len() as u64
+                            && !digests.is_empty()
+                            && start + digests.len() as u64 <= regions =>
+                    {
+                        old_regions.extend(digests)
+                    }
+                    Message::Regions { start, digests } => {
+                        return Err(protocol(format!(
+                            "{} region digests from {start}, expected from {} of {regions}",
+                            digests.len(),
+                            old_regions.len()
+                        )))
+                    }
+                    Message::Fail { message } => return Err(remote(message)),
+                    other => {
+                        return Err(protocol(format!("expected REGIONS, got {}", other.name())))
+                    }
+                }
+            }
+            Ok((target, old_len, old_regions))
+        };
+        tokio::pin!(index);
+        // The device may fail (or be slow) before this host has read its image.
+        tokio::select! {
+            biased;
+            read_done = &mut reading => {
+                let new_blocks = joined(read_done).map_err(local)?;
+                report.start(Phase::Index, 0);
+                ((&mut index).await?, new_blocks)
+            }
+            indexed = &mut index => {
+                let indexed = indexed?;
+                (indexed, joined(reading.await).map_err(local)?)
+            }
+        }
     };
-    let old_blocks = block_size.blocks_in(old_len);
-    report.start(Phase::Index, old_len);
-    let mut digests: Vec<BlockDigest> = Vec::with_capacity(old_blocks as usize);
-    while (digests.len() as u64) < old_blocks {
-        match from_device.next(&mut read).await? {
-            Message::Digests {
-                start,
-                digests: batch,
-            } if start == digests.len() as u64 => {
-                report.add(batch.len() as u64 * u64::from(block_size.bytes()));
-                digests.extend(batch)
-            }
-            Message::Digests { start, .. } => {
-                return Err(protocol(format!(
-                    "digests from block {start}, expected from {}",
-                    digests.len()
-                )))
-            }
-            Message::Fail { message } => return Err(remote(message)),
-            other => return Err(protocol(format!("expected DIGESTS, got {}", other.name()))),
+
+    // Only the regions that differ cross: a region the same on both sides
+    // has the new image's digests.
+    let new_digests: Vec<BlockDigest> = new_blocks.iter().map(|b| b.digest).collect();
+    let new_regions = region_digests(&new_digests);
+    let wanted: Vec<u64> = (0..old_regions.len() as u64)
+        .filter(|&r| new_regions.get(r as usize) != Some(&old_regions[r as usize]))
+        .collect();
+    let runs = runs_of(&wanted);
+    for (k, chunk) in runs.chunks(RUNS_PER_WANT).enumerate() {
+        let want = encoded(&Message::Want {
+            runs: chunk.to_vec(),
+            last: (k + 1) * RUNS_PER_WANT >= runs.len(),
+        });
+        bytes_sent += want.len() as u64;
+        write.write_all(&want).await.map_err(stream_error)?;
+    }
+    if runs.is_empty() {
+        let want = encoded(&Message::Want {
+            runs: Vec::new(),
+            last: true,
+        });
+        bytes_sent += want.len() as u64;
+        write.write_all(&want).await.map_err(stream_error)?;
+    }
+    write.flush().await.map_err(stream_error)?;
+    let old_blocks = block_size.blocks_in(old_len) as usize;
+    let mut old_digests = vec![BlockDigest([0; 16]); old_blocks];
+    let region_range = |r: u64| {
+        let start = (r * REGION_BLOCKS) as usize;
+        start..(start + REGION_BLOCKS as usize).min(old_blocks)
+    };
+    for r in 0..old_regions.len() as u64 {
+        if !wanted_contains(&wanted, r) {
+            let range = region_range(r);
+            old_digests[range.clone()].copy_from_slice(&new_digests[range]);
         }
     }
-    if digests.len() as u64 != old_blocks {
-        return Err(protocol(format!(
-            "{} digests for {old_blocks} blocks",
-            digests.len()
-        )));
+    // The device answers each run of regions with its blocks' digests, in order.
+    for &(first, count) in &runs {
+        let (start, end) = (
+            region_range(first).start,
+            region_range(first + count - 1).end,
+        );
+        let mut next = start;
+        while next < end {
+            match from_device.next(&mut read).await? {
+                Message::Digests { start, digests }
+                    if start == next as u64
+                        && !digests.is_empty()
+                        && next + digests.len() <= end =>
+                {
+                    old_digests[next..next + digests.len()].copy_from_slice(&digests);
+                    next += digests.len();
+                }
+                Message::Digests { start, digests } => {
+                    return Err(protocol(format!(
+                        "{} digests from block {start}, expected from {next} to {end}",
+                        digests.len()
+                    )))
+                }
+                Message::Fail { message } => return Err(remote(message)),
+                other => return Err(protocol(format!("expected DIGESTS, got {}", other.name()))),
+            }
+        }
     }
     let planner =
-        Planner::new(block_size, old_len, digests).map_err(|e| protocol(e.to_string()))?;
-
-    // First pass: every block decided.
-    let source_path = source.to_path_buf();
-    report.start(Phase::Deciding, image_len);
-    let deciding = report.clone();
-    let (planner, decisions, counts) = tokio::task::spawn_blocking(move || {
-        decide_all(&source_path, planner, image_len, &deciding)
-    })
-    .await
-    .map_err(|e| local(e.to_string()))?
-    .map_err(|e| local(e.to_string()))?;
+        Planner::new(block_size, old_len, old_digests).map_err(|e| protocol(e.to_string()))?;
+    let mut counts = PlanCounts::default();
+    let decisions: Vec<Decision> = new_blocks
+        .iter()
+        .enumerate()
+        .map(|(index, info)| {
+            let decision = planner.decide_digest(index as u64, info);
+            counts.count(decision, info.len as usize);
+            decision
+        })
+        .collect();
+    let image_digest = ImageDigest::of_blocks(block_size, image_len, &new_digests);
+    drop(planner);
 
     let mut summary = DeltaSummary {
         image_len,
@@ -248,7 +342,7 @@ pub async fn push_delta(
     };
     if options.dry_run {
         // Dropping the stream ends it: the device removes what it prepared.
-        summary.bytes_sent += dry_run_bytes(source, &planner, &decisions, image_len)
+        summary.bytes_sent += dry_run_bytes(source, block_size, &decisions, image_len)
             .await
             .map_err(|e| local(e.to_string()))?;
         return Ok(summary);
@@ -259,11 +353,11 @@ pub async fn push_delta(
     summary.bytes_sent += out.len() as u64;
     write.write_all(&out).await.map_err(stream_error)?;
 
-    // Second pass: zeros and new data, compressed on a blocking thread
-    // while what it made is sent.
+    // Zeros and new data, read and compressed on a blocking thread while
+    // what it made is sent.
     let (to_send, mut sending) = mpsc::channel::<Bytes>(4);
     let source_path = source.to_path_buf();
-    report.start(Phase::Sending, image_len);
+    report.start(Phase::Sending, counts.replace_bytes);
     let sending_report = report.clone();
     let writer = tokio::task::spawn_blocking(move || {
         send_writes(
@@ -293,14 +387,19 @@ pub async fn push_delta(
             }
         }
     }
-    let digest = writer
+    writer
         .await
         .map_err(|e| local(e.to_string()))?
         .map_err(|e| local(e.to_string()))?;
+    let end = encoded(&Message::End {
+        digest: image_digest,
+    });
+    summary.bytes_sent += end.len() as u64;
+    write.write_all(&end).await.map_err(stream_error)?;
     write.flush().await.map_err(stream_error)?;
     report.start(Phase::Checking, 0);
     match from_device.next(&mut read).await? {
-        Message::Done { digest: built } if built == digest => {}
+        Message::Done { digest: built } if built == image_digest => {}
         Message::Done { .. } => {
             return Err(remote(
                 "the device reports an image whose digest differs from this one's".into(),
@@ -314,6 +413,33 @@ pub async fn push_delta(
     summary.elapsed = started.elapsed();
     summary.installed = true;
     Ok(summary)
+}
+
+/// A blocking task's result, its panic or I/O error as text.
+fn joined<T>(
+    result: std::result::Result<io::Result<T>, tokio::task::JoinError>,
+) -> std::result::Result<T, String> {
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// Sorted region numbers as runs (first, count).
+fn runs_of(regions: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &region in regions {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == region => *count += 1,
+            _ => runs.push((region, 1)),
+        }
+    }
+    runs
+}
+
+fn wanted_contains(wanted: &[u64], region: u64) -> bool {
+    wanted.binary_search(&region).is_ok()
 }
 
 /// What the device sent, decoded as it arrives.
@@ -383,54 +509,33 @@ fn image_size_and_mode(source: &Path) -> io::Result<(u64, u32)> {
     Ok((len, metadata.permissions().mode() & 0o7777))
 }
 
-/// Reads `source` block by block, calling `each` with the block's index
-/// and bytes (the last block maybe short).
-fn each_block(
+/// Reads `source` once, a megabyte at a time: each block's digest, length
+/// and whether it is zero, which is all deciding it needs.
+fn digest_image(
     source: &Path,
     block_size: BlockSize,
     len: u64,
-    mut each: impl FnMut(u64, &[u8]) -> io::Result<()>,
-) -> io::Result<()> {
+    report: &Report,
+) -> io::Result<Vec<BlockInfo>> {
     let mut file = File::open(source)?;
     let bs = block_size.bytes() as usize;
     let mut buffer = vec![0u8; (1 << 20).max(bs)];
-    let mut index = 0u64;
+    let mut blocks = Vec::with_capacity(block_size.blocks_in(len) as usize);
     let mut left = len;
     while left > 0 {
         let n = left.min(buffer.len() as u64) as usize;
         file.read_exact(&mut buffer[..n]).map_err(|e| {
             io::Error::new(e.kind(), format!("reading at byte {}: {e}", len - left))
         })?;
-        for block in buffer[..n].chunks(bs) {
-            each(index, block)?;
-            index += 1;
-        }
+        blocks.extend(buffer[..n].chunks(bs).map(BlockInfo::of));
+        report.add(n as u64);
         left -= n as u64;
     }
-    Ok(())
-}
-
-fn decide_all(
-    source: &Path,
-    planner: Planner,
-    len: u64,
-    report: &Report,
-) -> io::Result<(Planner, Vec<Decision>, PlanCounts)> {
-    let block_size = planner.block_size();
-    let mut decisions = Vec::with_capacity(block_size.blocks_in(len) as usize);
-    let mut counts = PlanCounts::default();
-    each_block(source, block_size, len, |index, block| {
-        let decision = planner.decide(index, block);
-        counts.count(decision, block.len());
-        report.add(block.len() as u64);
-        decisions.push(decision);
-        Ok(())
-    })?;
-    Ok((planner, decisions, counts))
+    Ok(blocks)
 }
 
 /// The zeros and new data of the plan, encoded (compressed) and queued for
-/// the stream, then END; returns the image's digest.
+/// the stream; only the new blocks are read again, a run at a time.
 fn send_writes(
     source: &Path,
     block_size: BlockSize,
@@ -438,9 +543,10 @@ fn send_writes(
     len: u64,
     to_send: mpsc::Sender<Bytes>,
     report: &Report,
-) -> io::Result<[u8; 32]> {
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(source)?;
     let mut writes = Plan::keeping(block_size, Keep::Writes);
-    let mut digest = ImageDigest::new();
     let send = |ops: Vec<Op>| -> io::Result<()> {
         if ops.is_empty() {
             return Ok(());
@@ -453,18 +559,34 @@ fn send_writes(
             .blocking_send(out.freeze())
             .map_err(|_| io::Error::other("the stream ended"))
     };
-    each_block(source, block_size, len, |index, block| {
-        digest.update(block);
-        report.add(block.len() as u64);
-        writes.push(index, decisions[index as usize], block);
-        send(writes.take_closed())
-    })?;
-    send(writes.finish())?;
-    let digest = digest.finish();
-    to_send
-        .blocking_send(encoded(&Message::End { digest }))
-        .map_err(|_| io::Error::other("the stream ended"))?;
-    Ok(digest)
+    let bs = block_size.bytes() as usize;
+    let max_run = MAX_REPLACE_BYTES / bs;
+    let mut buffer = Vec::new();
+    let mut index = 0usize;
+    while index < decisions.len() {
+        if decisions[index] != Decision::Replace {
+            writes.push(index as u64, decisions[index], &[]);
+            index += 1;
+            continue;
+        }
+        let run = decisions[index..]
+            .iter()
+            .take(max_run)
+            .take_while(|&&d| d == Decision::Replace)
+            .count();
+        let offset = block_size.offset_of(index as u64);
+        let bytes = ((run * bs) as u64).min(len - offset) as usize;
+        buffer.resize(bytes, 0);
+        file.read_exact_at(&mut buffer, offset)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading at byte {offset}: {e}")))?;
+        for (k, block) in buffer.chunks(bs).enumerate() {
+            writes.push((index + k) as u64, Decision::Replace, block);
+        }
+        report.add(bytes as u64);
+        send(writes.take_closed())?;
+        index += run;
+    }
+    send(writes.finish())
 }
 
 /// The plan's copies (unchanged blocks included), coalesced and encoded:
@@ -485,11 +607,10 @@ fn encoded_copies(block_size: BlockSize, decisions: &[Decision]) -> Bytes {
 /// counted, not sent.
 async fn dry_run_bytes(
     source: &Path,
-    planner: &Planner,
+    block_size: BlockSize,
     decisions: &[Decision],
     len: u64,
 ) -> io::Result<u64> {
-    let block_size = planner.block_size();
     let mut bytes = encoded_copies(block_size, decisions).len() as u64;
     let (to_send, mut sent) = mpsc::channel::<Bytes>(4);
     let source = source.to_path_buf();
@@ -501,5 +622,6 @@ async fn dry_run_bytes(
         bytes += chunk.len() as u64;
     }
     writer.await.map_err(io::Error::other)??;
-    Ok(bytes)
+    // END, which a dry run does not send.
+    Ok(bytes + 4 + 1 + 32)
 }

@@ -102,8 +102,8 @@ fn print_summary(source: &str, destination: &str, summary: &DeltaSummary) {
     );
 }
 
-/// Draws the delta's phases on stderr until aborted: the device's index,
-/// the host's decisions, the data sent, the device's check.
+/// Draws the delta's phases on stderr until aborted: the host reading its
+/// image, the rest of the device's index, the data sent, the device's check.
 async fn draw(progress: Arc<DeltaProgress>, name: String) {
     let bar = ProgressBar::new(0);
     if let Ok(style) = ProgressStyle::with_template(
@@ -121,8 +121,8 @@ async fn draw(progress: Arc<DeltaProgress>, name: String) {
             phase = Some(now);
             bar.0.reset();
             bar.0.set_message(match now {
+                Phase::Reading => "reading",
                 Phase::Index => "device index",
-                Phase::Deciding => "deciding",
                 Phase::Sending => "sending",
                 Phase::Checking => "device checking",
             });

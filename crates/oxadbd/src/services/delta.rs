@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 use oxadb_delta::wire::{self, Decoder, Message, Target, DIGESTS_PER_MESSAGE};
 use oxadb_delta::{
-    apply_beside_op, apply_copies_in_place, apply_write, write_zeros, BlockDigest, BlockSize,
-    BlockStore, ImageDigest, Op,
+    apply_beside_op, apply_copies_in_place, apply_write, region_digest, regions_in, write_zeros,
+    BlockDigest, BlockSize, BlockStore, CheckedReads, Composition, Op, REGION_BLOCKS,
 };
 use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
 
@@ -170,24 +170,46 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
         Old::File { file } => Some(file),
         Old::BlockDevice { device, .. } => Some(device),
     };
-    if let Some(file) = old_file {
-        let key = match indexes {
-            Some(_) => IndexKey::of(file, block_size, old_len).map_err(|e| failed("stat", &e))?,
-            None => None,
-        };
-        let kept = match (indexes, &key) {
-            (Some(indexes), Some(key)) => indexes.load(&path, key),
-            _ => None,
-        };
-        match kept {
-            Some(digests) => {
-                tracing::info!(path = %path.display(), "delta: the index kept from the last delta still holds");
-                send_kept_digests(link, digests)?;
+    let old_digests = match old_file {
+        None => Vec::new(),
+        Some(file) => {
+            if matches!(old, Old::BlockDevice { .. }) {
+                // Pages another opener left dirty go out now and move the
+                // device's write count, which the index key holds.
+                file.sync_all().map_err(|e| failed("flush", &e))?;
             }
-            None => send_digests(link, file, block_size, old_len)
-                .map_err(|error| failed("read", &error))?,
+            let key = match indexes {
+                Some(_) => {
+                    IndexKey::of(file, block_size, old_len).map_err(|e| failed("stat", &e))?
+                }
+                None => None,
+            };
+            let kept = match (indexes, &key) {
+                (Some(indexes), Some(key)) => indexes.load(&path, key),
+                _ => None,
+            };
+            let kept = kept.filter(|digests| {
+                let differ = sampled_blocks_differing(file, block_size, old_len, digests);
+                if differ > 0 {
+                    tracing::warn!(path = %path.display(), differ, "delta: the target no longer matches the index kept for it (written past its node?): reading it");
+                    if let Some(indexes) = indexes {
+                        indexes.remove(&path);
+                    }
+                }
+                differ == 0
+            });
+            match kept {
+                Some(digests) => {
+                    tracing::info!(path = %path.display(), "delta: the index kept from the last delta still holds");
+                    send_regions(link, &digests, 0).map_err(|error| failed("send", &error))?;
+                    digests
+                }
+                None => digest_old(link, file, block_size, old_len)
+                    .map_err(|error| failed("read", &error))?,
+            }
         }
-    }
+    };
+    send_wanted_digests(link, &old_digests)?;
     let check_failed = |error: BuildError| {
         if matches!(error, BuildError::DigestMismatch) {
             if let Some(indexes) = indexes {
@@ -204,14 +226,21 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
                     path.display()
                 ));
             }
-            let built = build_in_place(link, &device, block_size, old_len, new_len)
+            let built = build_in_place(link, &device, block_size, old_len, new_len, &old_digests)
                 .map_err(check_failed)?;
             // A block device has no rename to wait for: flushed unless told
             // not to. Unflushed, its write count would still move as the
             // kernel writes back, and no index is kept.
             if storage.durability != Durability::None {
                 device.sync_all().map_err(|e| failed("flush", &e))?;
-                keep_index(indexes, &path, &device, block_size, size, &built);
+                let whole =
+                    device_digests(&device, block_size, new_len, size, &built, &old_digests);
+                match whole {
+                    Ok(digests) => keep_index(indexes, &path, &device, block_size, size, &digests),
+                    Err(error) => {
+                        tracing::debug!(%error, path = %path.display(), "no index kept")
+                    }
+                }
             }
             link.send(&Message::Done {
                 digest: built.digest,
@@ -242,6 +271,7 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
                 block_size,
                 old_len,
                 new_len,
+                &old_digests,
             )
             .map_err(check_failed)?;
             destination
@@ -252,7 +282,14 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
                 .map_err(|error| failed("commit", &error))?;
             // The key is the installed file's, taken after the rename and the chmod.
             if let Ok(installed) = File::open(&path) {
-                keep_index(indexes, &path, &installed, block_size, new_len, &built);
+                keep_index(
+                    indexes,
+                    &path,
+                    &installed,
+                    block_size,
+                    new_len,
+                    &built.blocks,
+                );
             }
             link.send(&Message::Done {
                 digest: built.digest,
@@ -288,35 +325,117 @@ fn open_old(path: &Path) -> io::Result<Old> {
     ))
 }
 
-/// The old image's block digests, in batches, read a megabyte at a time.
-fn send_digests(link: &mut Link, file: &File, block_size: BlockSize, len: u64) -> io::Result<()> {
-    let mut batch = Vec::with_capacity(DIGESTS_PER_MESSAGE);
-    let mut sent = 0u64;
+/// Reads and digests the old image, a megabyte at a time, sending each
+/// region's digest as soon as its blocks are read: the host compares them
+/// with its own while the rest is read.
+fn digest_old(
+    link: &mut Link,
+    file: &File,
+    block_size: BlockSize,
+    len: u64,
+) -> io::Result<Vec<BlockDigest>> {
+    let mut digests = Vec::with_capacity(block_size.blocks_in(len) as usize);
+    let mut regions_sent = 0u64;
     read_blocks(file, block_size, 0, len, |block| {
-        batch.push(BlockDigest::of(block));
-        if batch.len() == DIGESTS_PER_MESSAGE {
-            let full = std::mem::replace(&mut batch, Vec::with_capacity(DIGESTS_PER_MESSAGE));
-            send_batch(link, &mut sent, full)?;
+        digests.push(BlockDigest::of(block));
+        // Every 64 regions (64 MiB of 4 KiB blocks): the host sees the
+        // index grow while the rest is read.
+        if (digests.len() as u64).is_multiple_of(REGION_BLOCKS * 64) {
+            regions_sent = send_regions(link, &digests, regions_sent)?;
         }
         Ok(())
     })?;
-    if !batch.is_empty() {
-        send_batch(link, &mut sent, batch)?;
-    }
-    Ok(())
+    send_regions(link, &digests, regions_sent)?;
+    Ok(digests)
 }
 
-/// One DIGESTS message, the blocks after the `sent` ones before it.
-fn send_batch(link: &mut Link, sent: &mut u64, digests: Vec<BlockDigest>) -> io::Result<()> {
-    let count = digests.len() as u64;
-    if !link.send(&Message::Digests {
-        start: *sent,
-        digests,
-    }) {
-        return Err(io::Error::other("the host closed the stream"));
+/// Blocks read to confirm a kept index: spread over the whole target from
+/// a phase that changes every time. A target rewritten behind its node
+/// (the whole disk written over a partition, a loop device's backing file)
+/// differs in most blocks and cannot pass; unchanged, it costs a few
+/// milliseconds of reads.
+const INDEX_SAMPLES: u64 = 256;
+
+/// How many of [`INDEX_SAMPLES`] blocks of `file` no longer have the
+/// digest `index` gives them (a read error counts as one).
+fn sampled_blocks_differing(
+    file: &File,
+    block_size: BlockSize,
+    len: u64,
+    index: &[BlockDigest],
+) -> usize {
+    let blocks = index.len() as u64;
+    if blocks == 0 {
+        return 0;
     }
-    *sent += count;
-    Ok(())
+    let step = blocks.div_ceil(INDEX_SAMPLES);
+    let phase = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| u64::from(t.subsec_nanos()))
+        % step;
+    let mut buffer = vec![0u8; block_size.bytes() as usize];
+    (phase..blocks)
+        .step_by(step as usize)
+        .filter(|&block| {
+            let bytes = &mut buffer[..block_size.len_of(block, len)];
+            file.read_exact_at(bytes, block_size.offset_of(block))
+                .is_err()
+                || BlockDigest::of(bytes) != index[block as usize]
+        })
+        .count()
+}
+
+/// REGIONS messages for the regions from `first` that `digests` covers
+/// (a last partial region only once every block is in); returns how many
+/// regions have been sent.
+fn send_regions(link: &mut Link, digests: &[BlockDigest], first: u64) -> io::Result<u64> {
+    let regions: Vec<BlockDigest> = digests
+        .chunks(REGION_BLOCKS as usize)
+        .skip(first as usize)
+        .map(region_digest)
+        .collect();
+    let mut sent = first;
+    for batch in regions.chunks(DIGESTS_PER_MESSAGE) {
+        if !link.send(&Message::Regions {
+            start: sent,
+            digests: batch.to_vec(),
+        }) {
+            return Err(io::Error::other("the host closed the stream"));
+        }
+        sent += batch.len() as u64;
+    }
+    Ok(sent)
+}
+
+/// Answers the host's WANTs: the block digests of the old regions it
+/// asked for, in its order, until its last WANT.
+fn send_wanted_digests(link: &mut Link, old: &[BlockDigest]) -> Result<(), String> {
+    let regions = regions_in(old.len() as u64);
+    loop {
+        let Message::Want { runs, last } = link.receive()? else {
+            return Err("the host sent something else than WANT after the regions".into());
+        };
+        for (first, count) in runs {
+            if count == 0 || first.checked_add(count).is_none_or(|end| end > regions) {
+                return Err(format!(
+                    "the host wants {count} regions from {first}; the old image has {regions}"
+                ));
+            }
+            let start = (first * REGION_BLOCKS) as usize;
+            let end = ((first + count) * REGION_BLOCKS).min(old.len() as u64) as usize;
+            for (k, batch) in old[start..end].chunks(DIGESTS_PER_MESSAGE).enumerate() {
+                if !link.send(&Message::Digests {
+                    start: (start + k * DIGESTS_PER_MESSAGE) as u64,
+                    digests: batch.to_vec(),
+                }) {
+                    return Err("the host closed the stream".into());
+                }
+            }
+        }
+        if last {
+            return Ok(());
+        }
+    }
 }
 
 /// Reads `file` from block `first` to byte `len`, a megabyte at a time,
@@ -431,16 +550,16 @@ enum BuildError {
     #[error("{0}")]
     Apply(#[from] oxadb_delta::ApplyError),
     #[error("{0}")]
+    Composition(#[from] oxadb_delta::CompositionError),
+    #[error("{0}")]
     Protocol(String),
-    #[error("reading back the new image: {0}")]
-    ReadBack(io::Error),
     #[error("the image built differs from the host's (its digest does not match): not installed")]
     DigestMismatch,
 }
 
 /// Applies operations as they come into `new`, a fresh file of the new
-/// length, reading copies from `old`; returns the new image's digest once
-/// it matches the host's.
+/// length, reading copies from `old`; returns what was built once its
+/// digest matches the host's.
 fn build_beside(
     link: &mut Link,
     old: Option<&File>,
@@ -448,6 +567,7 @@ fn build_beside(
     block_size: BlockSize,
     old_len: u64,
     new_len: u64,
+    old_digests: &[BlockDigest],
 ) -> Result<Built, BuildError> {
     let mut new_store = FileStore {
         file: new,
@@ -462,12 +582,27 @@ fn build_beside(
         }
         None => &mut no_old,
     };
+    let mut checked_old = CheckedReads {
+        store: old_store,
+        block_size,
+        old_len,
+        old: old_digests,
+    };
+    let mut built = Composition::beside(block_size, new_len);
     loop {
         match link.receive().map_err(BuildError::Protocol)? {
             Message::Op(op) => {
-                apply_beside_op(old_store, &mut new_store, block_size, old_len, new_len, &op)?
+                apply_beside_op(
+                    &mut checked_old,
+                    &mut new_store,
+                    block_size,
+                    old_len,
+                    new_len,
+                    &op,
+                )?;
+                built.record(&op, old_digests)?;
             }
-            Message::End { digest } => return verify(new, new_len, block_size, digest),
+            Message::End { digest } => return finish(built, digest),
             other => return Err(unexpected(&other)),
         }
     }
@@ -482,11 +617,19 @@ fn build_in_place(
     block_size: BlockSize,
     old_len: u64,
     new_len: u64,
+    old_digests: &[BlockDigest],
 ) -> Result<Built, BuildError> {
-    let mut store = FileStore {
+    let mut device_store = FileStore {
         file: device,
         fresh: false,
     };
+    let mut store = CheckedReads {
+        store: &mut device_store,
+        block_size,
+        old_len,
+        old: old_digests,
+    };
+    let mut built = Composition::in_place(block_size, new_len, old_len, old_digests);
     let mut copies: Option<Vec<Op>> = Some(Vec::new());
     loop {
         let (op, end) = match link.receive().map_err(BuildError::Protocol)? {
@@ -497,12 +640,18 @@ fn build_in_place(
         let is_copy = matches!(op, Some(Op::Copy { .. }));
         if let (Some(pending), false) = (&copies, is_copy) {
             apply_copies_in_place(&mut store, block_size, old_len, new_len, pending)?;
+            for copy in pending {
+                built.record(copy, old_digests)?;
+            }
             copies = None;
         }
         match (op, &mut copies, end) {
             (Some(op @ Op::Copy { .. }), Some(pending), _) => pending.push(op),
-            (Some(op), _, _) => apply_write(&mut store, block_size, old_len, new_len, &op)?,
-            (None, _, Some(digest)) => return verify(device, new_len, block_size, digest),
+            (Some(op), _, _) => {
+                apply_write(&mut store, block_size, old_len, new_len, &op)?;
+                built.record(&op, old_digests)?;
+            }
+            (None, _, Some(digest)) => return finish(built, digest),
             (None, _, None) => unreachable!("an operation or END"),
         }
     }
@@ -521,83 +670,58 @@ struct Built {
     blocks: Vec<BlockDigest>,
 }
 
-/// Reads the first `len` bytes of `file` back and compares their digest
-/// with the host's; digests each block on the way, for the next delta.
-fn verify(
-    file: &File,
-    len: u64,
-    block_size: BlockSize,
-    expected: [u8; 32],
-) -> Result<Built, BuildError> {
-    let mut digest = ImageDigest::new();
-    let mut blocks = Vec::with_capacity(block_size.blocks_in(len) as usize);
-    read_blocks(file, block_size, 0, len, |block| {
-        digest.update(block);
-        blocks.push(BlockDigest::of(block));
-        Ok(())
-    })
-    .map_err(BuildError::ReadBack)?;
-    let got = digest.finish();
-    if got != expected {
+/// The digest of what was built, from the digests of the blocks written
+/// and kept (docs/delta.md, "The end check"), against the host's.
+fn finish(built: Composition, expected: [u8; 32]) -> Result<Built, BuildError> {
+    let (blocks, digest) = built.finish()?;
+    if digest != expected {
         return Err(BuildError::DigestMismatch);
     }
-    Ok(Built {
-        digest: got,
-        blocks,
-    })
+    Ok(Built { digest, blocks })
 }
 
-/// The digests of a block device's blocks past the image (it keeps its
-/// size), so that an index describes the whole device.
+/// The digests of a whole block device after an image of `new_len` bytes
+/// was written over its start: the image's blocks, the old digests of the
+/// blocks past it, and, when the image ends inside a block, that block
+/// read again (it holds the image's end and the old bytes after it).
+fn device_digests(
+    device: &File,
+    block_size: BlockSize,
+    new_len: u64,
+    size: u64,
+    built: &Built,
+    old: &[BlockDigest],
+) -> io::Result<Vec<BlockDigest>> {
+    let mut digests = built.blocks.clone();
+    if !new_len.is_multiple_of(u64::from(block_size.bytes())) {
+        let last = digests.len() as u64 - 1;
+        let mut block = vec![0u8; block_size.len_of(last, size)];
+        device.read_exact_at(&mut block, block_size.offset_of(last))?;
+        digests[last as usize] = BlockDigest::of(&block);
+    }
+    let device_blocks = block_size.blocks_in(size) as usize;
+    digests.extend_from_slice(&old[digests.len().min(old.len())..device_blocks.min(old.len())]);
+    if digests.len() != device_blocks {
+        return Err(io::Error::other("the old digests do not cover the device"));
+    }
+    Ok(digests)
+}
+
+/// Keeps `digests`, the blocks of what `file` now holds, for the next delta.
 fn keep_index(
     indexes: Option<&IndexStore>,
     path: &Path,
     file: &File,
     block_size: BlockSize,
     size: u64,
-    built: &Built,
+    digests: &[BlockDigest],
 ) {
     let Some(indexes) = indexes else { return };
-    let blocks = block_size.blocks_in(size) as usize;
-    let mut digests = built.blocks.clone();
-    if digests.len() < blocks {
-        // A block device larger than the image: its tail was not read back.
-        match tail_digests(file, block_size, built.blocks.len() as u64, size) {
-            Ok(tail) => digests.extend(tail),
-            Err(error) => {
-                tracing::debug!(%error, path = %path.display(), "no index kept");
-                return;
-            }
-        }
-    }
     let saved = IndexKey::of(file, block_size, size).and_then(|key| match key {
-        Some(key) => indexes.save(path, &key, &digests),
+        Some(key) => indexes.save(path, &key, digests),
         None => Ok(()),
     });
     if let Err(error) = saved {
         tracing::warn!(%error, path = %path.display(), "could not keep the delta index");
     }
-}
-
-fn tail_digests(
-    file: &File,
-    block_size: BlockSize,
-    first: u64,
-    size: u64,
-) -> io::Result<Vec<BlockDigest>> {
-    let mut digests = Vec::new();
-    read_blocks(file, block_size, first, size, |block| {
-        digests.push(BlockDigest::of(block));
-        Ok(())
-    })?;
-    Ok(digests)
-}
-
-/// Digests from an index, in the batches [`send_digests`] sends.
-fn send_kept_digests(link: &mut Link, digests: Vec<BlockDigest>) -> Result<(), String> {
-    let mut sent = 0u64;
-    for chunk in digests.chunks(DIGESTS_PER_MESSAGE) {
-        send_batch(link, &mut sent, chunk.to_vec()).map_err(|error| error.to_string())?;
-    }
-    Ok(())
 }

@@ -278,14 +278,14 @@ pub(crate) struct RttResult {
 }
 
 /// A background process (daemon, server), killed and reaped on drop.
-struct Background {
+pub(crate) struct Background {
     child: Option<Child>,
 }
 
 impl Background {
     /// Starts `command` and waits until it listens on `port` (stopped again
     /// if it does not).
-    fn spawn_listening(
+    pub(crate) fn spawn_listening(
         command: &mut Command,
         port: u16,
         timeout: Duration,
@@ -303,8 +303,20 @@ impl Background {
         Ok(background)
     }
 
+    /// The process id, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it has exited (it is then reaped).
+    pub(crate) fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|child| !matches!(child.try_wait(), Ok(None)))
+    }
+
     /// SIGTERM, up to `grace` to exit, then SIGKILL.
-    fn stop(&mut self, grace: Duration) {
+    pub(crate) fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -367,7 +379,7 @@ fn reported_rate(text: &str) -> Option<(f64, u64)> {
 }
 
 /// `rtt min/avg/max/mdev = a/b/c/d ms` from ping.
-fn ping_summary(text: &str) -> Option<[f64; 4]> {
+pub(crate) fn ping_summary(text: &str) -> Option<[f64; 4]> {
     let line = text.lines().find(|l| l.contains("min/avg/max"))?;
     // Beyond 200 ms (ping's -i) a ", pipe 2" follows: pings in flight at once.
     let numbers = line.split('=').nth(1)?.split(',').next()?;
@@ -415,41 +427,7 @@ impl Bench<'_> {
         timeout: Duration,
         what: &str,
     ) -> Result<(Duration, String, f64)> {
-        let out_path = self.dir.join("output.txt");
-        let out = File::create(&out_path)?;
-        command
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        let start = Instant::now();
-        let child = emulator::spawn_registered(command)?;
-        let pid = child.id();
-        let fired = Arc::new(AtomicBool::new(false));
-        let (done, wait_done) = std::sync::mpsc::channel::<()>();
-        let watchdog = {
-            let fired = fired.clone();
-            std::thread::spawn(move || {
-                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    wait_done.recv_timeout(timeout)
-                {
-                    fired.store(true, Ordering::Relaxed);
-                    emulator::kill_child(pid);
-                }
-            })
-        };
-        let waited = crate::wait_rusage(&child);
-        let elapsed = start.elapsed();
-        drop(done);
-        let _ = watchdog.join();
-        emulator::forget_child(pid);
-        let (status, cpu) = waited?;
-        let text = std::fs::read_to_string(&out_path).unwrap_or_default();
-        ensure!(
-            !fired.load(Ordering::Relaxed),
-            "{what} timed out after {timeout:?}: {text}"
-        );
-        ensure!(status.success(), "{what} failed ({status}): {text}");
-        Ok((elapsed, text, cpu))
+        run_bounded_cpu(command, timeout, what, &self.dir.join("output.txt"))
     }
 
     /// Runs one transfer command and checks its result, which went into
@@ -725,6 +703,51 @@ impl Bench<'_> {
         }
         result
     }
+}
+
+/// Runs `command` to completion within `timeout` (killed by pid when it
+/// overruns), stdout and stderr into `out_path`: a pipe could be held open
+/// by a process it forked (adb's server). Returns the wall time, the output
+/// and the command's CPU seconds (its reaped children included).
+pub(crate) fn run_bounded_cpu(
+    command: &mut Command,
+    timeout: Duration,
+    what: &str,
+    out_path: &Path,
+) -> Result<(Duration, String, f64)> {
+    let out = File::create(out_path)?;
+    command
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    let start = Instant::now();
+    let child = emulator::spawn_registered(command)?;
+    let pid = child.id();
+    let fired = Arc::new(AtomicBool::new(false));
+    let (done, wait_done) = std::sync::mpsc::channel::<()>();
+    let watchdog = {
+        let fired = fired.clone();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait_done.recv_timeout(timeout)
+            {
+                fired.store(true, Ordering::Relaxed);
+                emulator::kill_child(pid);
+            }
+        })
+    };
+    let waited = crate::wait_rusage(&child);
+    let elapsed = start.elapsed();
+    drop(done);
+    let _ = watchdog.join();
+    emulator::forget_child(pid);
+    let (status, cpu) = waited?;
+    let text = std::fs::read_to_string(out_path).unwrap_or_default();
+    ensure!(
+        !fired.load(Ordering::Relaxed),
+        "{what} timed out after {timeout:?}: {text}"
+    );
+    ensure!(status.success(), "{what} failed ({status}): {text}");
+    Ok((elapsed, text, cpu))
 }
 
 fn check_tool(program: &Path, arg: &str, hint: &str) -> Result<String> {

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use rand::{RngCore, SeedableRng};
 
 mod delta;
+mod delta_peers;
 mod emulated;
 mod emulated_report;
 mod emulator;
@@ -107,9 +108,11 @@ enum Bench {
     /// `shell true` start to exit through Google's adb server, through
     /// `oxadb server` and with `oxadb` alone, against oxadbd on loopback.
     ShellLatency(shell_latency::ShellLatencyArgs),
-    /// An ext4 image updated on oxadbd over loopback with `push --delta`
-    /// (without and with the device's index) beside a whole `push -z
-    /// zstd`: time, bytes on the wire, device CPU (docs/delta.md).
+    /// An ext4 image updated on a device with `push --delta` (without and
+    /// with the device's index), a whole `push -z zstd`, `rsync --inplace`
+    /// over ssh and `bmaptool copy` over HTTP, on loopback and on an
+    /// emulated link: time, bytes on the wire, device CPU (docs/delta.md).
+    /// Installs openssh-server, rsync and bmap-tools when missing.
     Delta(delta::DeltaArgs),
 }
 

@@ -22,6 +22,7 @@ use anyhow::{bail, ensure, Context, Result};
 use rand::{Rng, RngCore, SeedableRng};
 
 use crate::delta_peers::{self, SshKeys, Tools};
+use crate::delta_target::{DeviceTarget, LoopDevice};
 use crate::emulated::{ping_summary, run_bounded_cpu, Background};
 use crate::emulator::{self, Emulator, LinkParams, Side, DEVICE_ADDR, HOST_ADDR};
 use crate::{machine_description, median, parse_size, same_contents};
@@ -54,6 +55,15 @@ pub(crate) struct DeltaArgs {
         default_value = "delta,delta-index,zstd,rsync,bmaptool"
     )]
     ways: Vec<String>,
+    /// What the device's copy is, comma-separated: file (a regular file in
+    /// --workdir) and blockdev (a loop device over a file in --disk-dir,
+    /// direct I/O, its cache dropped before each transfer: a board's
+    /// partition, not in memory).
+    #[arg(long, value_delimiter = ',', default_value = "file,blockdev")]
+    onto: Vec<String>,
+    /// A directory on a disk for the block device's backing file.
+    #[arg(long, default_value = "/var/tmp")]
+    disk_dir: PathBuf,
     /// The emulated link's rate in Mbit/s (Ethernet wire rate, each direction).
     #[arg(long, default_value_t = 100.0)]
     rate_mbit: f64,
@@ -274,6 +284,19 @@ pub(crate) fn delta(args: DeltaArgs) -> Result<()> {
         .filter(|w| !w.is_empty())
         .map(|w| Way::parse(w))
         .collect::<Result<_>>()?;
+    let onto_block_device: Vec<bool> = args
+        .onto
+        .iter()
+        .filter(|o| !o.is_empty())
+        .map(|o| match o.as_str() {
+            "file" => Ok(false),
+            "blockdev" => Ok(true),
+            _ => Err(anyhow::anyhow!(
+                "unknown target {o:?}: expected file or blockdev"
+            )),
+        })
+        .collect::<Result<_>>()?;
+    ensure!(!onto_block_device.is_empty(), "--onto is empty");
     ensure!(!links.is_empty(), "--links is empty");
     ensure!(!ways.is_empty(), "--ways is empty");
     if links.contains(&LinkKind::Emulated) {
@@ -351,44 +374,83 @@ pub(crate) fn delta(args: DeltaArgs) -> Result<()> {
     );
     print_tools(&ways, &tools, &files)?;
     for &kind in &links {
-        let link = Link {
-            kind,
-            emu: match kind {
-                LinkKind::Loopback => None,
-                LinkKind::Emulated => Some(Emulator::start(emulated_params(&args), false)?),
-            },
-        };
-        let mut session =
-            Session::start(&args, &files, &tools, keys.as_ref(), link, &oxadbd, &oxadb)?;
-        let description = session.describe()?;
-        let mut results: Vec<Vec<Measured>> = ways.iter().map(|_| Vec::new()).collect();
-        for run in 0..args.runs {
-            // Rotate the order: a slow spell of this shared machine should
-            // hit every way, not always the same one.
-            for step in 0..ways.len() {
-                let which = (run + step) % ways.len();
-                let measured = session.measure(ways[which])?;
-                eprintln!(
-                    "{} run {} {:>40}: {:.3} s, {} bytes on the wire ({} as the tool reports), device CPU {:.2} s",
-                    kind.name(),
-                    run + 1,
-                    ways[which].label(&tools),
-                    measured.seconds,
-                    measured.wire,
-                    measured.tool_bytes,
-                    measured.device_cpu
-                );
-                results[which].push(measured);
+        for &block_device in &onto_block_device {
+            let target = if block_device {
+                DeviceTarget::BlockDevice(LoopDevice::attach(&args.disk_dir, args.size)?)
+            } else {
+                DeviceTarget::File(files.target.clone())
+            };
+            let link = Link {
+                kind,
+                emu: match kind {
+                    LinkKind::Loopback => None,
+                    LinkKind::Emulated => Some(Emulator::start(emulated_params(&args), false)?),
+                },
+            };
+            let mut session = Session::start(
+                &args,
+                &files,
+                &tools,
+                keys.as_ref(),
+                link,
+                &target,
+                [&oxadbd, &oxadb],
+            )?;
+            let description = session.describe()?;
+            let mut results: Vec<Vec<Measured>> = ways.iter().map(|_| Vec::new()).collect();
+            for run in 0..args.runs {
+                // Rotate the order: a slow spell of this shared machine should
+                // hit every way, not always the same one.
+                for step in 0..ways.len() {
+                    let which = (run + step) % ways.len();
+                    let measured = session.measure(ways[which])?;
+                    eprintln!(
+                        "{} {} run {} {:>40}: {:.3} s, {} bytes on the wire ({} as the tool reports), device CPU {:.2} s",
+                        kind.name(),
+                        target_name(&target),
+                        run + 1,
+                        ways[which].label(&tools),
+                        measured.seconds,
+                        measured.wire,
+                        measured.tool_bytes,
+                        measured.device_cpu
+                    );
+                    results[which].push(measured);
+                }
             }
+            ensure!(
+                !session.daemon.exited(),
+                "oxadbd exited during the benchmark"
+            );
+            drop(session);
+            println!();
+            println!("Onto: {}", target_description(&target, &args));
+            print_link(kind, &description, &ways, &results, &tools, changed_zstd);
         }
-        ensure!(
-            !session.daemon.exited(),
-            "oxadbd exited during the benchmark"
-        );
-        drop(session);
-        print_link(kind, &description, &ways, &results, &tools, changed_zstd);
     }
     Ok(())
+}
+
+fn target_name(target: &DeviceTarget) -> &'static str {
+    if target.is_block_device() {
+        "blockdev"
+    } else {
+        "file"
+    }
+}
+
+fn target_description(target: &DeviceTarget, args: &DeltaArgs) -> String {
+    match target {
+        DeviceTarget::File(path) => format!(
+            "a regular file, {} (the delta builds the new one beside it and renames it over)",
+            path.display()
+        ),
+        DeviceTarget::BlockDevice(_) => format!(
+            "a block device, {} (a loop device with direct I/O over a file in {}, on disk;              its cache dropped before each transfer, as a partition the board has not read;              written in place; the whole push goes to a file all the same)",
+            target.path().display(),
+            args.disk_dir.display()
+        ),
+    }
 }
 
 /// The emulated link: plain 1500-byte frames one by one, the default queue.
@@ -417,6 +479,7 @@ struct Session<'a> {
     daemon: Background,
     sshd: Option<(Background, u16)>,
     http: Option<(Background, u16)>,
+    target: &'a DeviceTarget,
     link: Link,
 }
 
@@ -427,8 +490,8 @@ impl<'a> Session<'a> {
         tools: &'a Tools,
         keys: Option<&'a SshKeys>,
         link: Link,
-        oxadbd: &Path,
-        oxadb: &Path,
+        target: &'a DeviceTarget,
+        [oxadbd, oxadb]: [&Path; 2],
     ) -> Result<Session<'a>> {
         let name = link.kind.name();
         let port = link.port(EMULATED_DAEMON_PORT)?;
@@ -494,6 +557,7 @@ impl<'a> Session<'a> {
             daemon,
             sshd,
             http,
+            target,
             link,
         };
         session.warm_up()?;
@@ -641,22 +705,21 @@ impl<'a> Session<'a> {
         })
     }
 
-    /// A fresh copy of the first version as the device's target: a new
-    /// inode and ctime, so no index of the daemon's fits it.
+    /// The first version on the device's target, as nothing has read it
+    /// since and no index fits it ([`DeviceTarget::reset_to`]).
     fn fresh_target(&self) -> Result<()> {
-        let _ = std::fs::remove_file(&self.files.target);
-        std::fs::copy(&self.files.v1, &self.files.target)?;
-        Ok(())
+        self.target.reset_to(&self.files.v1)
     }
 
     fn measure(&self, way: Way) -> Result<Measured> {
         let files = self.files;
+        let target = self.target.path();
         match way {
             Way::Delta => {
                 self.fresh_target()?;
-                let measured = self.push(&["--delta"], &files.v2, &files.target)?;
+                let measured = self.push(&["--delta"], &files.v2, &target)?;
                 ensure!(
-                    same_contents(&files.target, &files.v2)?,
+                    same_contents(&target, &files.v2)?,
                     "the delta built another image"
                 );
                 Ok(measured)
@@ -665,10 +728,11 @@ impl<'a> Session<'a> {
                 // The target as the last delta left it: its index holds. The
                 // update back to the first version is the one timed.
                 self.fresh_target()?;
-                self.push(&["--delta"], &files.v2, &files.target)?;
-                let measured = self.push(&["--delta"], &files.v1, &files.target)?;
+                self.push(&["--delta"], &files.v2, &target)?;
+                self.target.drop_cache()?;
+                let measured = self.push(&["--delta"], &files.v1, &target)?;
                 ensure!(
-                    same_contents(&files.target, &files.v1)?,
+                    same_contents(&target, &files.v1)?,
                     "the delta built another image"
                 );
                 Ok(measured)
@@ -693,19 +757,21 @@ impl<'a> Session<'a> {
                     .env("HOME", &files.home)
                     .env_remove("SSH_AUTH_SOCK")
                     .args(rsync_options(self.tools))
+                    // rsync writes into a block device only when told to.
+                    .args(self.target.is_block_device().then_some("--write-devices"))
                     .arg("-e")
                     .arg(keys.ssh_command(*port))
                     .arg(&files.v2)
                     .arg(format!(
                         "root@{}:{}",
                         self.link.device_addr(),
-                        files.target.display()
+                        target.display()
                     ));
                 let sshd_pid = sshd.pid().context("sshd is not running")?;
                 let (seconds, text, device_cpu, link_bytes) =
                     self.run(&mut command, DeviceCpu::Server(sshd_pid), "rsync")?;
                 ensure!(
-                    same_contents(&files.target, &files.v2)?,
+                    same_contents(&target, &files.v2)?,
                     "rsync built another image"
                 );
                 let tool_bytes = delta_peers::rsync_bytes(&text)?;
@@ -730,11 +796,11 @@ impl<'a> Session<'a> {
                     .args(["copy", "--bmap"])
                     .arg(&files.bmap)
                     .arg(self.served_url(*port))
-                    .arg(&files.target);
+                    .arg(&target);
                 let (seconds, _, device_cpu, link_bytes) =
                     self.run(&mut command, DeviceCpu::Command, "bmaptool copy")?;
                 ensure!(
-                    same_contents(&files.target, &files.v2)?,
+                    same_contents(&target, &files.v2)?,
                     "bmaptool built another image"
                 );
                 // It reads the whole image, mapped or not: the body is the file.

@@ -43,6 +43,8 @@ struct Registry {
     namespaces: Vec<(String, String)>,
     /// Files and directories we created.
     paths: Vec<PathBuf>,
+    /// Loop devices a benchmark attached (`/dev/loopN`), detached first.
+    loop_devices: Vec<String>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
@@ -50,6 +52,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     children: Vec::new(),
     namespaces: Vec::new(),
     paths: Vec::new(),
+    loop_devices: Vec::new(),
 });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -118,6 +121,9 @@ fn cleanup_everything() {
         kill_processes_in(name);
         delete_namespace(name, tap);
     }
+    for device in registry.loop_devices.drain(..) {
+        let _ = Command::new("losetup").arg("-d").arg(&device).status();
+    }
     for path in registry.paths.drain(..) {
         let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
     }
@@ -131,6 +137,17 @@ pub fn register_path(path: &Path) {
 
 pub fn forget_path(path: &Path) {
     registry().paths.retain(|p| p != path);
+}
+
+/// A loop device to detach on a signal, before the registered paths go.
+pub fn register_loop_device(device: &str) {
+    registry().loop_devices.push(device.to_string());
+}
+
+/// Detaches a registered loop device now.
+pub fn detach_loop_device(device: &str) {
+    registry().loop_devices.retain(|d| d != device);
+    let _ = Command::new("losetup").arg("-d").arg(device).status();
 }
 
 /// Spawns `command` and registers the child so that a signal kills it. Refuses

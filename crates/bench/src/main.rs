@@ -15,6 +15,7 @@ use rand::{RngCore, SeedableRng};
 
 mod delta;
 mod delta_peers;
+mod delta_target;
 mod emulated;
 mod emulated_report;
 mod emulator;

@@ -162,6 +162,61 @@ def test_an_ext4_image_onto_a_loop_device(fresh_daemon, home, tmp_path, images):
         loop.close()
 
 
+@pytest.mark.parametrize("onto", ["file", "block device"])
+def test_a_base_sends_blocks_that_changed_a_little_as_xor(fresh_daemon, home, tmp_path, onto):
+    """A byte changed in every eighth block of 16 MiB of random data: as new
+    data each such block costs 4 KiB; as the XOR with the base's old block
+    (the device's digests confirm the base) a few bytes."""
+    size = 16 * MIB
+    old = bytearray(os.urandom(size))
+    new = bytearray(old)
+    for block in range(0, size // BLOCK, 8):
+        new[block * BLOCK + 123] ^= 0xA5
+    base, image = tmp_path / "base.img", tmp_path / "new.img"
+    base.write_bytes(old)
+    image.write_bytes(new)
+    d = fresh_daemon("delta-xor", args=private_state(tmp_path), rust_log=None)
+    loop = None
+    if onto == "file":
+        dest = tmp_path / "dest.img"
+        target = str(dest)
+        reset = lambda: dest.write_bytes(old)  # noqa: E731
+        content = lambda: dest.read_bytes()  # noqa: E731
+    else:
+        loop = Loop(tmp_path / "backing.img", base, size=size)
+        target = loop.device
+        reset = lambda: write_node(loop.device, old)  # noqa: E731
+        content = lambda: loop.first(size)  # noqa: E731
+    try:
+        reset()
+        plain = delta(home, d.serial, image, target, "-n")
+        cp = oxadb(home, "-s", d.serial, "push", "--delta", "-n", "--base", str(base),
+                   str(image), target)
+        assert cp.returncode == 0 and "blocks as XOR with the base" in cp.stdout, cp.stdout
+        with_base = delta(home, d.serial, image, target, "--base", str(base))
+        assert content() == bytes(new)
+        assert plain > (size // BLOCK // 8) * BLOCK // 2, plain
+        assert with_base * 20 < plain, (with_base, plain)
+        # A base that is not what the device holds changes nothing but the
+        # bytes: no block of it has the device's digest, so none is XORed.
+        reset()
+        wrong = tmp_path / "wrong.img"
+        wrong.write_bytes(os.urandom(size))
+        sent = delta(home, d.serial, image, target, "--base", str(wrong))
+        assert content() == bytes(new)
+        assert sent > plain // 2, (sent, plain)
+    finally:
+        if loop:
+            loop.close()
+
+
+def write_node(node: str, data: bytes) -> None:
+    with open(node, "r+b") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def blocks(rng: random.Random, count: int) -> bytearray:
     return bytearray(rng.randbytes(count * BLOCK))
 

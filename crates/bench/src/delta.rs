@@ -46,13 +46,14 @@ pub(crate) struct DeltaArgs {
     links: Vec<String>,
     /// Ways of turning the device's copy of the first version into the
     /// second, comma-separated: delta (`push --delta`, no index), delta-index
-    /// (`push --delta` with the device's index kept), zstd (a whole `push -z
+    /// (`push --delta` with the device's index kept), delta-base (`push
+    /// --delta --base` the first version, no index), zstd (a whole `push -z
     /// zstd`), rsync (`rsync --inplace` over ssh), bmaptool (`bmaptool copy`
     /// over HTTP).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "delta,delta-index,zstd,rsync,bmaptool"
+        default_value = "delta,delta-index,delta-base,zstd,rsync,bmaptool"
     )]
     ways: Vec<String>,
     /// What the device's copy is, comma-separated: file (a regular file in
@@ -95,6 +96,7 @@ const EMULATED_HTTP_PORT: u16 = 8080;
 enum Way {
     Delta,
     DeltaIndex,
+    DeltaBase,
     Zstd,
     Rsync,
     Bmaptool,
@@ -105,11 +107,12 @@ impl Way {
         Ok(match text {
             "delta" => Way::Delta,
             "delta-index" => Way::DeltaIndex,
+            "delta-base" => Way::DeltaBase,
             "zstd" => Way::Zstd,
             "rsync" => Way::Rsync,
             "bmaptool" => Way::Bmaptool,
             _ => {
-                bail!("unknown way {text:?}: expected delta, delta-index, zstd, rsync or bmaptool")
+                bail!("unknown way {text:?}: expected delta, delta-index, delta-base, zstd, rsync or bmaptool")
             }
         })
     }
@@ -118,6 +121,7 @@ impl Way {
         match self {
             Way::Delta => "push --delta, no index".into(),
             Way::DeltaIndex => "push --delta, index kept".into(),
+            Way::DeltaBase => "push --delta --base (no index)".into(),
             Way::Zstd => "push -z zstd (whole image)".into(),
             Way::Rsync => format!(
                 "rsync --inplace over ssh ({})",
@@ -446,7 +450,9 @@ fn target_description(target: &DeviceTarget, args: &DeltaArgs) -> String {
             path.display()
         ),
         DeviceTarget::BlockDevice(_) => format!(
-            "a block device, {} (a loop device with direct I/O over a file in {}, on disk;              its cache dropped before each transfer, as a partition the board has not read;              written in place; the whole push goes to a file all the same)",
+            "a block device, {} (a loop device with direct I/O over a file in {}, on disk; \
+             its cache dropped before each transfer, as a partition the board has not read; \
+             written in place; the whole push goes to a file all the same)",
             target.path().display(),
             args.disk_dir.display()
         ),
@@ -724,6 +730,16 @@ impl<'a> Session<'a> {
                 );
                 Ok(measured)
             }
+            Way::DeltaBase => {
+                self.fresh_target()?;
+                let base = files.v1.display().to_string();
+                let measured = self.push(&["--delta", "--base", &base], &files.v2, &target)?;
+                ensure!(
+                    same_contents(&target, &files.v2)?,
+                    "the delta built another image"
+                );
+                Ok(measured)
+            }
             Way::DeltaIndex => {
                 // The target as the last delta left it: its index holds. The
                 // update back to the first version is the one timed.
@@ -956,7 +972,7 @@ fn print_link(
     println!("Link: {description}");
     let oxadb = ways
         .iter()
-        .any(|w| matches!(w, Way::Delta | Way::DeltaIndex | Way::Zstd));
+        .any(|w| matches!(w, Way::Delta | Way::DeltaIndex | Way::DeltaBase | Way::Zstd));
     let (rsync, bmaptool) = (ways.contains(&Way::Rsync), ways.contains(&Way::Bmaptool));
     let mut bytes = Vec::new();
     let mut cpu = Vec::new();

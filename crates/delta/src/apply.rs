@@ -100,6 +100,7 @@ fn describe(op: &Op) -> String {
         Op::Replace { start, data } => {
             format!("REPLACE of {} bytes at block {start}", data.len())
         }
+        Op::Xor { start, data } => format!("XOR of {} bytes at block {start}", data.len()),
     }
 }
 
@@ -134,7 +135,7 @@ pub fn check(op: &Op, block_size: BlockSize, old_len: u64, new_len: u64) -> Resu
             }
         }
         Op::Zero { .. } => {}
-        Op::Replace { start, data } => {
+        Op::Replace { start, data } | Op::Xor { start, data } => {
             let end = block_size.offset_of(*start) + data.len() as u64;
             let whole = data.len() % block_size.bytes() as usize == 0;
             if data.is_empty() || end > new_len || (!whole && end != new_len) {
@@ -142,6 +143,16 @@ pub fn check(op: &Op, block_size: BlockSize, old_len: u64, new_len: u64) -> Resu
                     op: describe(op),
                     bytes: data.len(),
                     block_size: block_size.bytes(),
+                });
+            }
+            // An XOR reads the old blocks at the same place, as long as the new.
+            let last = start + count - 1;
+            if matches!(op, Op::Xor { .. })
+                && block_size.len_of(last, old_len) != block_size.len_of(last, new_len)
+            {
+                return Err(ApplyError::PastOldEnd {
+                    op: describe(op),
+                    len: old_len,
                 });
             }
         }
@@ -203,8 +214,38 @@ pub fn apply_beside_op(
             }
             Ok(())
         }
+        Op::Xor { .. } => {
+            let replace = resolve_xor(old, block_size, old_len, new_len, op)?;
+            apply_write_op(new, block_size, new_len, &replace)
+        }
         Op::Zero { .. } | Op::Replace { .. } => apply_write_op(new, block_size, new_len, op),
     }
+}
+
+/// The `Replace` an `Xor` amounts to: the old blocks at its place, read
+/// from `old`, XOR its data. Applied in place, those blocks are still old:
+/// only the XOR itself writes them, and copies that read them come first.
+pub fn resolve_xor(
+    old: &mut (impl BlockStore + ?Sized),
+    block_size: BlockSize,
+    old_len: u64,
+    new_len: u64,
+    op: &Op,
+) -> Result<Op, ApplyError> {
+    let Op::Xor { start, data } = op else {
+        return Ok(op.clone());
+    };
+    check(op, block_size, old_len, new_len)?;
+    let offset = block_size.offset_of(*start);
+    let mut bytes = vec![0u8; data.len()];
+    read_old(old, offset, &mut bytes)?;
+    for (byte, delta) in bytes.iter_mut().zip(data.iter()) {
+        *byte ^= delta;
+    }
+    Ok(Op::Replace {
+        start: *start,
+        data: bytes.into(),
+    })
 }
 
 /// Turns the old image in `store` into the new one: the copies first, in
@@ -281,7 +322,8 @@ pub fn apply_write(
     op: &Op,
 ) -> Result<(), ApplyError> {
     check(op, block_size, old_len, new_len)?;
-    apply_write_op(store, block_size, new_len, op)
+    let op = resolve_xor(store, block_size, old_len, new_len, op)?;
+    apply_write_op(store, block_size, new_len, &op)
 }
 
 fn apply_write_op(
@@ -295,6 +337,7 @@ fn apply_write_op(
         Op::Zero { start, count } => zero(store, block_size, *start, *count, new_len),
         Op::Replace { start, data } => write(store, start * bs, data),
         Op::Copy { .. } => Err(ApplyError::CopyAfterWrites { op: describe(op) }),
+        Op::Xor { .. } => unreachable!("resolved into a Replace first"),
     }
 }
 

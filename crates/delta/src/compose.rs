@@ -21,6 +21,8 @@ pub enum CompositionError {
     Unwritten(u64),
     #[error("{op} copies old block {block}, which the old image does not have")]
     NoOldBlock { op: String, block: u64 },
+    #[error("an XOR at block {0} was recorded before it was resolved into its data")]
+    UnresolvedXor(u64),
 }
 
 impl Composition {
@@ -79,6 +81,8 @@ impl Composition {
                     self.set(start + k as u64, BlockDigest::of(block));
                 }
             }
+            // Its digests are its result's ([`crate::resolve_xor`]).
+            Op::Xor { start, .. } => return Err(CompositionError::UnresolvedXor(*start)),
         }
         Ok(())
     }

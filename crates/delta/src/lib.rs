@@ -29,7 +29,7 @@ pub mod wire;
 
 pub use apply::{
     apply_beside, apply_beside_op, apply_copies_in_place, apply_in_place, apply_write, check,
-    write_zeros, ApplyError, BlockStore,
+    resolve_xor, write_zeros, ApplyError, BlockStore,
 };
 pub use block::BlockSize;
 pub use compose::{CheckedReads, Composition, CompositionError};

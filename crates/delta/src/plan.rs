@@ -136,12 +136,20 @@ pub enum Op {
     /// New blocks from `start` hold `data`: whole blocks, the image's last
     /// one maybe short.
     Replace { start: u64, data: Bytes },
+    /// New blocks from `start` are the old blocks at the same place XOR
+    /// `data` (as long as a `Replace` would be): a block that changed a
+    /// little costs what its few changed bytes compress to. Only a host
+    /// that has the old image (`push --delta --base`) can make one.
+    Xor { start: u64, data: Bytes },
 }
 
 impl Op {
     pub fn start(&self) -> u64 {
         match self {
-            Op::Copy { start, .. } | Op::Zero { start, .. } | Op::Replace { start, .. } => *start,
+            Op::Copy { start, .. }
+            | Op::Zero { start, .. }
+            | Op::Replace { start, .. }
+            | Op::Xor { start, .. } => *start,
         }
     }
 
@@ -149,7 +157,9 @@ impl Op {
     pub fn count(&self, block_size: BlockSize) -> u64 {
         match self {
             Op::Copy { count, .. } | Op::Zero { count, .. } => *count,
-            Op::Replace { data, .. } => (data.len() as u64).div_ceil(u64::from(block_size.bytes())),
+            Op::Replace { data, .. } | Op::Xor { data, .. } => {
+                (data.len() as u64).div_ceil(u64::from(block_size.bytes()))
+            }
         }
     }
 

@@ -447,6 +447,10 @@ mod wire_format {
                 start: 9,
                 data: Bytes::from(random(MAX_REPLACE_BYTES, 21)),
             }),
+            Message::Op(Op::Xor {
+                start: 11,
+                data: Bytes::from(vec![0u8; 2 * B]),
+            }),
             Message::End { digest: [1; 32] },
             Message::Done { digest: [2; 32] },
             Message::Fail {
@@ -715,5 +719,96 @@ fn the_image_digest_covers_the_length_and_the_block_size() {
     assert_ne!(
         digest,
         ImageDigest::of_blocks(BS, image.len() as u64, &blocks[..2])
+    );
+}
+
+/// `new` as `ops` with every REPLACE whose old blocks are there turned
+/// into the XOR against them, as a host with the old image makes.
+fn with_xors(ops: Vec<Op>, old: &[u8], new_len: usize) -> Vec<Op> {
+    ops.into_iter()
+        .map(|op| match op {
+            Op::Replace { start, data }
+                if (start as usize * B + data.len()) <= old.len()
+                    && (data.len() % B == 0 || start as usize * B + data.len() == new_len)
+                    && (data.len() % B == 0 || old.len() == new_len) =>
+            {
+                let at = start as usize * B;
+                let delta: Vec<u8> = data
+                    .iter()
+                    .zip(&old[at..at + data.len()])
+                    .map(|(n, o)| n ^ o)
+                    .collect();
+                Op::Xor {
+                    start,
+                    data: delta.into(),
+                }
+            }
+            other => other,
+        })
+        .collect()
+}
+
+#[test]
+fn xor_operations_rebuild_the_image_beside_and_in_place() {
+    // A byte changed in every third block: the XORs are nearly all zero.
+    let old = random(30 * B + 100, 40);
+    let mut new = old.clone();
+    for block in (0..30).step_by(3) {
+        new[block * B + 17] ^= 0x5a;
+    }
+    new[30 * B + 50] ^= 1;
+    let ops = with_xors(plan(&old, &new, BS), &old, new.len());
+    let xors = ops.iter().filter(|op| matches!(op, Op::Xor { .. })).count();
+    assert!(xors >= 10, "{ops:?}");
+    let encoded: usize = ops
+        .iter()
+        .map(|op| match op {
+            Op::Xor { data, .. } | Op::Replace { data, .. } => crate::wire::encoded_len(data),
+            _ => 0,
+        })
+        .sum();
+    assert!(encoded < 2 * B, "{encoded} bytes of XOR data");
+    let (old_len, new_len) = (old.len() as u64, new.len() as u64);
+    let old_digests = digests(&old, BS);
+
+    let mut old_store = Memory(old.clone());
+    let mut checked_old = CheckedReads {
+        store: &mut old_store,
+        block_size: BS,
+        old_len,
+        old: &old_digests,
+    };
+    let mut beside = Memory(vec![0; new.len()]);
+    let mut composed = Composition::beside(BS, new_len);
+    for op in &ops {
+        let op = resolve_xor(&mut checked_old, BS, old_len, new_len, op).unwrap();
+        apply_beside_op(&mut checked_old, &mut beside, BS, old_len, new_len, &op).unwrap();
+        composed.record(&op, &old_digests).unwrap();
+    }
+    assert!(beside.0 == new);
+    let expected = ImageDigest::of_blocks(BS, new_len, &digests(&new, BS));
+    assert_eq!(composed.finish().unwrap().1, expected);
+
+    let mut device = Memory(old.clone());
+    apply_in_place(&mut device, BS, old_len, new_len, &ops).unwrap();
+    assert!(device.0 == new);
+}
+
+#[test]
+fn an_xor_past_the_old_image_or_unresolved_is_refused() {
+    let xor = Op::Xor {
+        start: 2,
+        data: Bytes::from(vec![1u8; B]),
+    };
+    // The old image has two blocks: nothing to XOR block 2 with.
+    let error = check(&xor, BS, 2 * B as u64, 3 * B as u64).unwrap_err();
+    assert!(
+        error.to_string().contains("reads past the old image"),
+        "{error}"
+    );
+    let mut composed = Composition::beside(BS, 3 * B as u64);
+    assert_eq!(
+        composed.record(&xor, &[]).unwrap_err(),
+        CompositionError::UnresolvedXor(2)
     );
 }

@@ -84,6 +84,7 @@ impl Message {
             Message::Op(Op::Copy { .. }) => "COPY",
             Message::Op(Op::Zero { .. }) => "ZERO",
             Message::Op(Op::Replace { .. }) => "REPLACE",
+            Message::Op(Op::Xor { .. }) => "XOR",
             Message::End { .. } => "END",
             Message::Done { .. } => "DONE",
             Message::Fail { .. } => "FAIL",
@@ -110,6 +111,7 @@ mod tag {
     pub const COPY: u8 = b'C';
     pub const ZERO: u8 = b'Z';
     pub const REPLACE: u8 = b'R';
+    pub const XOR: u8 = b'X';
     pub const END: u8 = b'E';
     pub const DONE: u8 = b'K';
     pub const FAIL: u8 = b'F';
@@ -174,8 +176,12 @@ pub fn encode(message: &Message, out: &mut BytesMut) {
             out.put_u64_le(*start);
             out.put_u64_le(*count);
         }
-        Message::Op(Op::Replace { start, data }) => {
-            out.put_u8(tag::REPLACE);
+        Message::Op(Op::Replace { start, data }) | Message::Op(Op::Xor { start, data }) => {
+            out.put_u8(if matches!(message, Message::Op(Op::Xor { .. })) {
+                tag::XOR
+            } else {
+                tag::REPLACE
+            });
             out.put_u64_le(*start);
             out.put_u32_le(data.len() as u32);
             // Data that does not compress (already compressed files in the
@@ -210,6 +216,13 @@ pub fn encode(message: &Message, out: &mut BytesMut) {
 /// about as well as at higher levels, at a speed that keeps up with a
 /// gigabit link on one core (docs/delta.md, "Compression").
 const ZSTD_LEVEL: i32 = 3;
+
+/// Bytes the data of a REPLACE or XOR takes on the wire (compressed, or
+/// raw if that is smaller), without its framing: how a host chooses
+/// between the two.
+pub fn encoded_len(data: &[u8]) -> usize {
+    compress(data).len().min(data.len())
+}
 
 fn compress(data: &[u8]) -> Vec<u8> {
     zstd::bulk::compress(data, ZSTD_LEVEL).expect("compressing into memory does not fail")
@@ -367,19 +380,20 @@ fn decode(mut frame: Bytes) -> Result<Message, WireError> {
                 count: frame.get_u64_le(),
             })
         }
-        tag::REPLACE => {
-            need(&frame, "REPLACE", 13)?;
+        tag::REPLACE | tag::XOR => {
+            let what = if tag == tag::XOR { "XOR" } else { "REPLACE" };
+            need(&frame, what, 13)?;
             let start = frame.get_u64_le();
             let raw_len = frame.get_u32_le() as usize;
             if raw_len == 0 || raw_len > MAX_REPLACE_BYTES {
-                return Err(malformed("REPLACE", format!("{raw_len} bytes of data")));
+                return Err(malformed(what, format!("{raw_len} bytes of data")));
             }
             let data = match frame.get_u8() {
                 0 => frame.to_vec(),
                 // Decompressed into at most the announced size: a bomb fails here.
                 1 => zstd::bulk::decompress(&frame, raw_len)
-                    .map_err(|error| malformed("REPLACE", format!("zstd: {error}")))?,
-                other => return Err(malformed("REPLACE", format!("encoding {other}"))),
+                    .map_err(|error| malformed(what, format!("zstd: {error}")))?,
+                other => return Err(malformed(what, format!("encoding {other}"))),
             };
             if data.len() != raw_len {
                 return Err(malformed(
@@ -387,9 +401,11 @@ fn decode(mut frame: Bytes) -> Result<Message, WireError> {
                     format!("{} bytes of data, {raw_len} announced", data.len()),
                 ));
             }
-            Message::Op(Op::Replace {
-                start,
-                data: Bytes::from(data),
+            let data = Bytes::from(data);
+            Message::Op(if tag == tag::XOR {
+                Op::Xor { start, data }
+            } else {
+                Op::Replace { start, data }
             })
         }
         tag::END | tag::DONE => {

@@ -37,6 +37,9 @@ pub struct DeltaOptions {
     pub dry_run: bool,
     /// Where the phases report how far they are, for a progress bar.
     pub progress: Option<Arc<DeltaProgress>>,
+    /// The old image, if this host has it: changed blocks whose old bytes
+    /// it still describes (by the device's digests) may go as XOR.
+    pub base: Option<std::path::PathBuf>,
 }
 
 impl Default for DeltaOptions {
@@ -45,6 +48,7 @@ impl Default for DeltaOptions {
             block_size: BlockSize::DEFAULT,
             dry_run: false,
             progress: None,
+            base: None,
         }
     }
 }
@@ -152,6 +156,8 @@ pub struct DeltaSummary {
     pub target: Target,
     pub old_len: u64,
     pub counts: PlanCounts,
+    /// Of the new-data blocks, those sent as XOR with the base.
+    pub xor_blocks: u64,
     /// Bytes this host sent on the stream (framing included).
     pub bytes_sent: u64,
     /// Bytes the device sent (its digests, mostly).
@@ -315,6 +321,11 @@ pub async fn push_delta(
             }
         }
     }
+    let base = options.base.as_ref().map(|path| Base {
+        path: path.clone(),
+        old_len,
+        old_digests: old_digests.clone(),
+    });
     let planner =
         Planner::new(block_size, old_len, old_digests).map_err(|e| protocol(e.to_string()))?;
     let mut counts = PlanCounts::default();
@@ -335,6 +346,7 @@ pub async fn push_delta(
         target,
         old_len,
         counts,
+        xor_blocks: 0,
         bytes_sent,
         bytes_received: from_device.bytes,
         elapsed: started.elapsed(),
@@ -342,9 +354,11 @@ pub async fn push_delta(
     };
     if options.dry_run {
         // Dropping the stream ends it: the device removes what it prepared.
-        summary.bytes_sent += dry_run_bytes(source, block_size, &decisions, image_len)
+        let (bytes, xor_blocks) = dry_run_bytes(source, block_size, &decisions, image_len, base)
             .await
             .map_err(|e| local(e.to_string()))?;
+        summary.bytes_sent += bytes;
+        summary.xor_blocks = xor_blocks;
         return Ok(summary);
     }
 
@@ -365,6 +379,7 @@ pub async fn push_delta(
             block_size,
             &decisions,
             image_len,
+            base.as_ref(),
             to_send,
             &sending_report,
         )
@@ -387,7 +402,7 @@ pub async fn push_delta(
             }
         }
     }
-    writer
+    summary.xor_blocks = writer
         .await
         .map_err(|e| local(e.to_string()))?
         .map_err(|e| local(e.to_string()))?;
@@ -552,18 +567,36 @@ fn digest_image(
     Ok(blocks)
 }
 
+/// The old image as this host has it (`--base`), with the device's
+/// digests of its own, which say which of its blocks still hold.
+struct Base {
+    path: std::path::PathBuf,
+    old_len: u64,
+    old_digests: Vec<BlockDigest>,
+}
+
 /// The zeros and new data of the plan, encoded (compressed) and queued for
-/// the stream; only the new blocks are read again, a run at a time.
+/// the stream; only the new blocks are read again, a run at a time. With a
+/// base, each run's blocks whose old bytes the base holds go as XOR where
+/// that compresses smaller; returns how many blocks did.
 fn send_writes(
     source: &Path,
     block_size: BlockSize,
     decisions: &[Decision],
     len: u64,
+    base: Option<&Base>,
     to_send: mpsc::Sender<Bytes>,
     report: &Report,
-) -> io::Result<()> {
+) -> io::Result<u64> {
     use std::os::unix::fs::FileExt;
     let file = File::open(source)?;
+    let base_file = match base {
+        Some(base) => Some(
+            File::open(&base.path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", base.path.display())))?,
+        ),
+        None => None,
+    };
     let mut writes = Plan::keeping(block_size, Keep::Writes);
     let send = |ops: Vec<Op>| -> io::Result<()> {
         if ops.is_empty() {
@@ -580,6 +613,7 @@ fn send_writes(
     let bs = block_size.bytes() as usize;
     let max_run = MAX_REPLACE_BYTES / bs;
     let mut buffer = Vec::new();
+    let mut xor_blocks = 0u64;
     let mut index = 0usize;
     while index < decisions.len() {
         if decisions[index] != Decision::Replace {
@@ -597,14 +631,95 @@ fn send_writes(
         buffer.resize(bytes, 0);
         file.read_exact_at(&mut buffer, offset)
             .map_err(|e| io::Error::new(e.kind(), format!("reading at byte {offset}: {e}")))?;
-        for (k, block) in buffer.chunks(bs).enumerate() {
-            writes.push((index + k) as u64, Decision::Replace, block);
+        match (base, &base_file) {
+            (Some(base), Some(base_file)) => {
+                // Planned here, not by the plan: the plan's order stays whole.
+                for k in 0..run {
+                    writes.push((index + k) as u64, Decision::Same, &[]);
+                }
+                let (ops, xored) = xor_or_replace(base, base_file, block_size, index, &buffer)?;
+                xor_blocks += xored;
+                send(writes.take_closed())?;
+                send(ops)?;
+            }
+            _ => {
+                for (k, block) in buffer.chunks(bs).enumerate() {
+                    writes.push((index + k) as u64, Decision::Replace, block);
+                }
+                send(writes.take_closed())?;
+            }
         }
         report.add(bytes as u64);
-        send(writes.take_closed())?;
         index += run;
     }
-    send(writes.finish())
+    send(writes.finish())?;
+    Ok(xor_blocks)
+}
+
+/// A run of new blocks from `first` (`data`, at most 1 MiB) as operations:
+/// the stretches whose old bytes the base holds (the base block's digest is
+/// the device's) as one XOR each, if its compressed XOR is the smaller,
+/// the rest as REPLACE. Returns them and how many blocks went as XOR.
+fn xor_or_replace(
+    base: &Base,
+    base_file: &File,
+    block_size: BlockSize,
+    first: usize,
+    data: &[u8],
+) -> io::Result<(Vec<Op>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let bs = block_size.bytes() as usize;
+    let mut old = vec![0u8; data.len()];
+    let usable: Vec<bool> = data
+        .chunks(bs)
+        .enumerate()
+        .map(|(k, block)| {
+            let index = (first + k) as u64;
+            let old_block = &mut old[k * bs..k * bs + block.len()];
+            block_size.len_of(index, base.old_len) == block.len()
+                && base.old_digests.get(index as usize).is_some_and(|digest| {
+                    base_file
+                        .read_exact_at(old_block, block_size.offset_of(index))
+                        .is_ok()
+                        && BlockDigest::of(old_block) == *digest
+                })
+        })
+        .collect();
+    let mut ops = Vec::new();
+    let mut xored = 0u64;
+    let mut k = 0;
+    while k < usable.len() {
+        let stretch = usable[k..].iter().take_while(|&&u| u == usable[k]).count();
+        let (from, to) = (k * bs, ((k + stretch) * bs).min(data.len()));
+        let start = (first + k) as u64;
+        let new_bytes = Bytes::copy_from_slice(&data[from..to]);
+        if usable[k] {
+            let delta: Vec<u8> = data[from..to]
+                .iter()
+                .zip(&old[from..to])
+                .map(|(new, old)| new ^ old)
+                .collect();
+            if wire::encoded_len(&delta) < wire::encoded_len(&new_bytes) {
+                ops.push(Op::Xor {
+                    start,
+                    data: delta.into(),
+                });
+                xored += stretch as u64;
+            } else {
+                ops.push(Op::Replace {
+                    start,
+                    data: new_bytes,
+                });
+            }
+        } else {
+            ops.push(Op::Replace {
+                start,
+                data: new_bytes,
+            });
+        }
+        k += stretch;
+    }
+    Ok((ops, xored))
 }
 
 /// The plan's copies (unchanged blocks included), coalesced and encoded:
@@ -621,25 +736,33 @@ fn encoded_copies(block_size: BlockSize, decisions: &[Decision]) -> Bytes {
     out.freeze()
 }
 
-/// What a dry run would have sent: the copies and the encoded writes,
-/// counted, not sent.
+/// What a dry run would have sent (the copies, the encoded writes, END),
+/// counted, not sent, and how many blocks went as XOR.
 async fn dry_run_bytes(
     source: &Path,
     block_size: BlockSize,
     decisions: &[Decision],
     len: u64,
-) -> io::Result<u64> {
+    base: Option<Base>,
+) -> io::Result<(u64, u64)> {
     let mut bytes = encoded_copies(block_size, decisions).len() as u64;
     let (to_send, mut sent) = mpsc::channel::<Bytes>(4);
     let source = source.to_path_buf();
     let decisions = decisions.to_vec();
     let writer = tokio::task::spawn_blocking(move || {
-        send_writes(&source, block_size, &decisions, len, to_send, &Report(None))
+        send_writes(
+            &source,
+            block_size,
+            &decisions,
+            len,
+            base.as_ref(),
+            to_send,
+            &Report(None),
+        )
     });
     while let Some(chunk) = sent.recv().await {
         bytes += chunk.len() as u64;
     }
-    writer.await.map_err(io::Error::other)??;
-    // END, which a dry run does not send.
-    Ok(bytes + 4 + 1 + 32)
+    let xor_blocks = writer.await.map_err(io::Error::other)??;
+    Ok((bytes + 4 + 1 + 32, xor_blocks))
 }

@@ -47,6 +47,7 @@ pub async fn push(device: &Endpoint, args: &PushArgs) -> anyhow::Result<()> {
     let progress = interactive.then(DeltaProgress::new);
     let options = DeltaOptions {
         dry_run: args.dry_run,
+        base: args.base.clone(),
         progress: progress.clone(),
         ..DeltaOptions::default()
     };
@@ -81,6 +82,12 @@ fn print_summary(source: &str, destination: &str, summary: &DeltaSummary) {
             "  new data  {:>10} blocks, {} bytes",
             counts.replace_blocks, counts.replace_bytes
         );
+        if summary.xor_blocks > 0 {
+            println!(
+                "  of which  {:>10} blocks as XOR with the base",
+                summary.xor_blocks
+            );
+        }
         println!(
             "  to send   {} bytes ({:.1}% of {} bytes)",
             summary.bytes_sent,

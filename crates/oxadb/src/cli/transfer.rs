@@ -64,6 +64,12 @@ pub struct PushArgs {
     /// is pushed. docs/delta.md.
     #[arg(long, conflicts_with_all = ["sync", "compression"])]
     pub delta: bool,
+    /// With --delta: the image the device is believed to hold (the last
+    /// one pushed). A block that changed a little is then sent as the
+    /// compressed XOR with its old bytes, where the device's digests show
+    /// BASE still describes them.
+    #[arg(long, value_name = "BASE", requires = "delta")]
+    pub base: Option<std::path::PathBuf>,
     /// Ignored (accepted by adb for compatibility).
     #[arg(short = 'p', hide = true)]
     pub compat_p: bool,

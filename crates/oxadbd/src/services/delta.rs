@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 use oxadb_delta::wire::{self, Decoder, Message, Target, DIGESTS_PER_MESSAGE};
 use oxadb_delta::{
-    apply_beside_op, apply_copies_in_place, apply_write, region_digest, regions_in, write_zeros,
-    BlockDigest, BlockSize, BlockStore, CheckedReads, Composition, Op, REGION_BLOCKS,
+    apply_beside_op, apply_copies_in_place, apply_write, region_digest, regions_in, resolve_xor,
+    write_zeros, BlockDigest, BlockSize, BlockStore, CheckedReads, Composition, Op, REGION_BLOCKS,
 };
 use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
 
@@ -592,6 +592,8 @@ fn build_beside(
     loop {
         match link.receive().map_err(BuildError::Protocol)? {
             Message::Op(op) => {
+                // An XOR's result is what the composition hashes.
+                let op = resolve_xor(&mut checked_old, block_size, old_len, new_len, &op)?;
                 apply_beside_op(
                     &mut checked_old,
                     &mut new_store,
@@ -648,6 +650,7 @@ fn build_in_place(
         match (op, &mut copies, end) {
             (Some(op @ Op::Copy { .. }), Some(pending), _) => pending.push(op),
             (Some(op), _, _) => {
+                let op = resolve_xor(&mut store, block_size, old_len, new_len, &op)?;
                 apply_write(&mut store, block_size, old_len, new_len, &op)?;
                 built.record(&op, old_digests)?;
             }

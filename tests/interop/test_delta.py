@@ -278,6 +278,33 @@ def test_synthetic_changes(fresh_daemon, home, tmp_path, case, onto):
     assert sent <= CASES[case] + 4096, f"{case}: sent {sent}"
 
 
+def test_new_data_goes_while_a_cold_partition_is_still_read(fresh_daemon, home, tmp_path,
+                                                           images):
+    """A loop device with direct I/O over a file on disk, its cache dropped:
+    the daemon reads it as a board reads a partition, and the host, which
+    has digested its image long before, sends the new data the index
+    already allows meanwhile; the image is still byte-identical."""
+    v1, v2 = images
+    d = fresh_daemon("delta-cold", args=private_state(tmp_path), rust_log=None)
+    disk = Path("/var/tmp") / f"oxadb-test-delta-{os.getpid()}.disk"
+    shutil.copyfile(v1, disk)
+    try:
+        device = subprocess.run(["losetup", "-f", "--show", "--direct-io=on", str(disk)],
+                                check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+        try:
+            subprocess.run(["blockdev", "--flushbufs", device], check=True)
+            cp = oxadb(home, "-s", d.serial, "push", "--delta", str(v2), device)
+            assert cp.returncode == 0, cp.stderr
+            early = re.search(r"; (\d+) blocks sent while the device still read", cp.stdout)
+            assert early and int(early.group(1)) > 0, cp.stdout
+            with open(device, "rb") as f:
+                assert f.read(IMAGE) == v2.read_bytes()
+        finally:
+            subprocess.run(["losetup", "-d", device], check=True)
+    finally:
+        disk.unlink()
+
+
 def test_a_destination_that_does_not_exist_gets_the_whole_image(fresh_daemon, home, tmp_path,
                                                                images):
     v1, _ = images

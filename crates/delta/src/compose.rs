@@ -45,13 +45,22 @@ impl Composition {
         old: &[BlockDigest],
     ) -> Composition {
         let mut composition = Composition::beside(block_size, new_len);
-        for (index, slot) in composition.blocks.iter_mut().enumerate() {
+        composition.keep_old(old_len, old);
+        composition
+    }
+
+    /// Blocks nothing wrote, in place, keep the old block's bytes, which
+    /// are the new block's if both have the same length there.
+    pub fn keep_old(&mut self, old_len: u64, old: &[BlockDigest]) {
+        let (block_size, new_len) = (self.block_size, self.new_len);
+        for (index, slot) in self.blocks.iter_mut().enumerate() {
             let index = index as u64;
-            if block_size.len_of(index, new_len) == block_size.len_of(index, old_len) {
+            if slot.is_none()
+                && block_size.len_of(index, new_len) == block_size.len_of(index, old_len)
+            {
                 *slot = old.get(index as usize).copied();
             }
         }
-        composition
     }
 
     /// Records what `op` wrote. `old` holds the old image's digests; a

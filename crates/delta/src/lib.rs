@@ -23,6 +23,7 @@ mod apply;
 mod block;
 mod compose;
 mod digest;
+mod pipeline;
 mod plan;
 mod schedule;
 pub mod wire;
@@ -36,6 +37,7 @@ pub use compose::{CheckedReads, Composition, CompositionError};
 pub use digest::{
     region_digest, region_digests, regions_in, BlockDigest, ImageDigest, DIGEST_LEN, REGION_BLOCKS,
 };
+pub use pipeline::{Pipeline, PipelineError, LOOKAHEAD_REGIONS};
 pub use plan::{
     plan_image, BlockInfo, Decision, DigestCountError, Keep, Op, Plan, Planner, MAX_REPLACE_BYTES,
 };

@@ -88,21 +88,43 @@ impl Planner {
     /// Block `index` of the new image is the one `info` describes: the
     /// host decides from the digests it took while reading its image once.
     pub fn decide_digest(&self, index: u64, info: &BlockInfo) -> Decision {
-        let same_place = self.old.get(index as usize) == Some(&info.digest)
-            && self.block_size.len_of(index, self.old_len) == info.len as usize;
-        if same_place {
-            return Decision::Same;
-        }
-        if info.zero {
-            return Decision::Zero;
-        }
-        if info.len == self.block_size.bytes() {
-            if let Some(&from) = self.anywhere.get(&info.digest) {
-                return Decision::Copy { from };
-            }
-        }
-        Decision::Replace
+        decide(
+            self.block_size,
+            self.old_len,
+            self.old.get(index as usize),
+            &self.anywhere,
+            index,
+            info,
+        )
     }
+}
+
+/// The rule for one block, given what is known of the old image: its
+/// digest at the block's place (`None` past its end, or not yet known) and
+/// its full-size blocks by digest. Shared by [`Planner`] and the host's
+/// [`crate::Pipeline`], which decides while the index still arrives.
+pub(crate) fn decide(
+    block_size: BlockSize,
+    old_len: u64,
+    old_here: Option<&BlockDigest>,
+    anywhere: &HashMap<BlockDigest, u64>,
+    index: u64,
+    info: &BlockInfo,
+) -> Decision {
+    let same_place =
+        old_here == Some(&info.digest) && block_size.len_of(index, old_len) == info.len as usize;
+    if same_place {
+        return Decision::Same;
+    }
+    if info.zero {
+        return Decision::Zero;
+    }
+    if info.len == block_size.bytes() {
+        if let Some(&from) = anywhere.get(&info.digest) {
+            return Decision::Copy { from };
+        }
+    }
+    Decision::Replace
 }
 
 /// What deciding a block needs of it: its digest, length and whether it is
@@ -205,10 +227,16 @@ impl Plan {
     /// A plan that makes only the operations `keep` names; the others'
     /// blocks are passed over (a copies-only plan needs no block data).
     pub fn keeping(block_size: BlockSize, keep: Keep) -> Plan {
+        Plan::keeping_from(block_size, keep, 0)
+    }
+
+    /// A plan of the blocks from `first` on: part of an image, planned
+    /// while the rest of the device's index is still on its way.
+    pub fn keeping_from(block_size: BlockSize, keep: Keep, first: u64) -> Plan {
         Plan {
             block_size,
             keep,
-            next: 0,
+            next: first,
             ops: Vec::new(),
             replace: BytesMut::new(),
             replace_start: 0,

@@ -812,3 +812,174 @@ fn an_xor_past_the_old_image_or_unresolved_is_refused() {
         CompositionError::UnresolvedXor(2)
     );
 }
+
+/// The writes among `decisions` (blocks from `first`) as operations, with
+/// their data from `new`.
+fn write_ops(new: &[u8], block_size: BlockSize, first: u64, decisions: &[Decision]) -> Vec<Op> {
+    let b = block_size.bytes() as usize;
+    let mut plan = Plan::keeping_from(block_size, Keep::Writes, first);
+    for (k, decision) in decisions.iter().enumerate() {
+        let index = first as usize + k;
+        let block = &new[index * b..((index + 1) * b).min(new.len())];
+        plan.push(index as u64, *decision, block);
+    }
+    plan.finish()
+}
+
+/// Runs the host's pipeline against `old` as a device would answer it
+/// (region digests 64 at a time), applying the early writes as they come,
+/// then the copies and the other writes; returns the built image and how
+/// many blocks were written early.
+fn pipelined(old: &[u8], new: &[u8], block_size: BlockSize, in_place: bool) -> (Vec<u8>, usize) {
+    let b = block_size.bytes() as usize;
+    let infos: Vec<BlockInfo> = new.chunks(b).map(BlockInfo::of).collect();
+    let mut pipeline = Pipeline::new(block_size, infos, old.len() as u64, in_place);
+    let old_digests = digests(old, block_size);
+    let old_regions = region_digests(&old_digests);
+    let (old_len, new_len) = (old.len() as u64, new.len() as u64);
+    let mut device = Memory(old.to_vec());
+    device.0.resize(old.len().max(new.len()), 0);
+    let mut beside = Memory(vec![0; new.len()]);
+    let mut written = vec![false; new.len().div_ceil(b)];
+    let mut early = 0;
+    let mut old_store = Memory(old.to_vec());
+    let apply = |ops: Vec<Op>,
+                 written: &mut Vec<bool>,
+                 device: &mut Memory,
+                 beside: &mut Memory,
+                 old_store: &mut Memory| {
+        for op in ops {
+            for block in op.start()..op.start() + op.count(block_size) {
+                written[block as usize] = true;
+            }
+            if in_place {
+                apply_write(device, block_size, old_len, new_len, &op).unwrap();
+            } else {
+                apply_beside_op(old_store, beside, block_size, old_len, new_len, &op).unwrap();
+            }
+        }
+    };
+    if pipeline.regions_done() {
+        assert!(pipeline.index_complete());
+    }
+    for (batch, regions) in old_regions.chunks(64).enumerate() {
+        let runs = pipeline.regions(batch as u64 * 64, regions).unwrap();
+        for (first, count) in runs {
+            let start = (first * REGION_BLOCKS) as usize;
+            let end = ((first + count) * REGION_BLOCKS).min(old_digests.len() as u64) as usize;
+            for (k, chunk) in old_digests[start..end].chunks(1000).enumerate() {
+                pipeline.digests((start + k * 1000) as u64, chunk).unwrap();
+            }
+        }
+        if pipeline.index_complete() {
+            break;
+        }
+        if let Some((first, decisions)) = pipeline.early_writes() {
+            early += decisions.iter().filter(|d| **d != Decision::Same).count();
+            apply(
+                write_ops(new, block_size, first, &decisions),
+                &mut written,
+                &mut device,
+                &mut beside,
+                &mut old_store,
+            );
+        }
+    }
+    let (decisions, rest) = pipeline.finish().unwrap();
+    let mut copies = Plan::keeping(block_size, Keep::Copies);
+    for (index, decision) in decisions.iter().enumerate() {
+        copies.push(index as u64, *decision, &[]);
+    }
+    let copies = copies.finish();
+    for copy in &copies {
+        if let (Op::Copy { from, count, start }, true) = (copy, in_place) {
+            for source in *from..from + count {
+                if source != *start + (source - from) {
+                    assert!(
+                        !written.get(source as usize).copied().unwrap_or(false),
+                        "a copy reads block {source}, written early"
+                    );
+                }
+            }
+        }
+    }
+    if in_place {
+        apply_copies_in_place(&mut device, block_size, old_len, new_len, &copies).unwrap();
+    } else {
+        for copy in &copies {
+            apply_beside_op(
+                &mut old_store,
+                &mut beside,
+                block_size,
+                old_len,
+                new_len,
+                copy,
+            )
+            .unwrap();
+        }
+    }
+    apply(
+        write_ops(new, block_size, 0, &rest),
+        &mut written,
+        &mut device,
+        &mut beside,
+        &mut old_store,
+    );
+    let built = if in_place {
+        device.0[..new.len()].to_vec()
+    } else {
+        beside.0
+    };
+    (built, early)
+}
+
+#[test]
+fn the_pipeline_writes_early_and_still_builds_the_image() {
+    // 512-byte blocks: 200 regions of 256 blocks, past the lookahead.
+    let block_size = BlockSize::new(512).unwrap();
+    let b = 512usize;
+    let blocks = 200 * REGION_BLOCKS as usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(50);
+    for trial in 0..6u64 {
+        let old = random(blocks * b, 60 + trial);
+        let mut new = old.clone();
+        for _ in 0..40 {
+            let at = rng.random_range(0..blocks - 600);
+            let count = rng.random_range(1..600);
+            match rng.random_range(0..4) {
+                // New bytes.
+                0 => new[at * b..(at + count) * b]
+                    .copy_from_slice(&random(count * b, trial * 100 + at as u64)),
+                // Zeros.
+                1 => new[at * b..(at + count) * b].fill(0),
+                // Old blocks from anywhere (moves both ways, far and near).
+                _ => {
+                    let from = rng.random_range(0..blocks - count);
+                    new[at * b..(at + count) * b]
+                        .copy_from_slice(&old[from * b..(from + count) * b]);
+                }
+            }
+        }
+        if trial % 2 == 1 {
+            new.truncate(new.len() - rng.random_range(1..5000));
+        }
+        for in_place in [true, false] {
+            let (built, early) = pipelined(&old, &new, block_size, in_place);
+            assert!(
+                built == new,
+                "trial {trial}, in place {in_place}: the image differs"
+            );
+            assert!(
+                early > 0,
+                "trial {trial}, in place {in_place}: nothing was written early"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_digest_of_zeros_is_the_digest_of_a_zero_block() {
+    for len in [0, 1, 4095, 4096, 4097, 65536, 1 << 20] {
+        assert_eq!(BlockDigest::of_zeros(len), BlockDigest::of(&vec![0u8; len]), "{len}");
+    }
+}

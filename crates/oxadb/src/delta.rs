@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use oxadb_delta::wire::{self, Decoder, Message, Target, RUNS_PER_WANT};
 use oxadb_delta::{
-    region_digests, regions_in, BlockDigest, BlockInfo, BlockSize, Decision, ImageDigest, Keep, Op,
-    Plan, Planner, MAX_REPLACE_BYTES, REGION_BLOCKS,
+    BlockDigest, BlockInfo, BlockSize, Decision, ImageDigest, Keep, Op, Pipeline, Plan,
+    MAX_REPLACE_BYTES,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -158,6 +158,8 @@ pub struct DeltaSummary {
     pub counts: PlanCounts,
     /// Of the new-data blocks, those sent as XOR with the base.
     pub xor_blocks: u64,
+    /// Zero and new-data blocks sent while the device's index still arrived.
+    pub early_blocks: u64,
     /// Bytes this host sent on the stream (framing included).
     pub bytes_sent: u64,
     /// Bytes the device sent (its digests, mostly).
@@ -204,142 +206,133 @@ pub async fn push_delta(
     let source_path = source.to_path_buf();
     report.start(Phase::Reading, image_len);
     let reading_report = report.clone();
-    let mut reading = tokio::task::spawn_blocking(move || {
+    let reading = tokio::task::spawn_blocking(move || {
         digest_image(&source_path, block_size, image_len, &reading_report)
     });
-    let ((target, old_len, old_regions), new_blocks) = {
-        let index = async {
-            let (target, old_len) = match from_device.next(&mut read).await? {
-                Message::Index { target, old_len } => (target, old_len),
-                Message::Fail { message } => return Err(remote(message)),
-                other => return Err(protocol(format!("expected INDEX, got {}", other.name()))),
-            };
-            let regions = regions_in(block_size.blocks_in(old_len));
-            let mut old_regions: Vec<BlockDigest> = Vec::with_capacity(regions as usize);
-            while (old_regions.len() as u64) < regions {
-                match from_device.next(&mut read).await? {
-                    Message::Regions { start, digests }
-                        if start == old_regions.len() as u64
-                            && !digests.is_empty()
-                            && start + digests.len() as u64 <= regions =>
-                    {
-                        old_regions.extend(digests)
-                    }
-                    Message::Regions { start, digests } => {
-                        return Err(protocol(format!(
-                            "{} region digests from {start}, expected from {} of {regions}",
-                            digests.len(),
-                            old_regions.len()
-                        )))
-                    }
-                    Message::Fail { message } => return Err(remote(message)),
-                    other => {
-                        return Err(protocol(format!("expected REGIONS, got {}", other.name())))
-                    }
-                }
-            }
-            Ok((target, old_len, old_regions))
-        };
-        tokio::pin!(index);
-        // The device may fail (or be slow) before this host has read its image.
-        tokio::select! {
-            biased;
-            read_done = &mut reading => {
-                let new_blocks = joined(read_done).map_err(local)?;
-                report.start(Phase::Index, 0);
-                ((&mut index).await?, new_blocks)
-            }
-            indexed = &mut index => {
-                let indexed = indexed?;
-                (indexed, joined(reading.await).map_err(local)?)
-            }
-        }
+    let (target, old_len) = match from_device.next(&mut read).await? {
+        Message::Index { target, old_len } => (target, old_len),
+        Message::Fail { message } => return Err(remote(message)),
+        other => return Err(protocol(format!("expected INDEX, got {}", other.name()))),
     };
-
-    // Only the regions that differ cross: a region the same on both sides
-    // has the new image's digests.
-    let new_digests: Vec<BlockDigest> = new_blocks.iter().map(|b| b.digest).collect();
-    let new_regions = region_digests(&new_digests);
-    let wanted: Vec<u64> = (0..old_regions.len() as u64)
-        .filter(|&r| new_regions.get(r as usize) != Some(&old_regions[r as usize]))
-        .collect();
-    let runs = runs_of(&wanted);
-    for (k, chunk) in runs.chunks(RUNS_PER_WANT).enumerate() {
-        let want = encoded(&Message::Want {
-            runs: chunk.to_vec(),
-            last: (k + 1) * RUNS_PER_WANT >= runs.len(),
-        });
-        bytes_sent += want.len() as u64;
-        write.write_all(&want).await.map_err(stream_error)?;
-    }
-    if runs.is_empty() {
-        let want = encoded(&Message::Want {
-            runs: Vec::new(),
-            last: true,
-        });
-        bytes_sent += want.len() as u64;
-        write.write_all(&want).await.map_err(stream_error)?;
-    }
-    write.flush().await.map_err(stream_error)?;
-    let old_blocks = block_size.blocks_in(old_len) as usize;
-    let mut old_digests = vec![BlockDigest([0; 16]); old_blocks];
-    let region_range = |r: u64| {
-        let start = (r * REGION_BLOCKS) as usize;
-        start..(start + REGION_BLOCKS as usize).min(old_blocks)
-    };
-    for r in 0..old_regions.len() as u64 {
-        if !wanted_contains(&wanted, r) {
-            let range = region_range(r);
-            old_digests[range.clone()].copy_from_slice(&new_digests[range]);
-        }
-    }
-    // The device answers each run of regions with its blocks' digests, in order.
-    for &(first, count) in &runs {
-        let (start, end) = (
-            region_range(first).start,
-            region_range(first + count - 1).end,
-        );
-        let mut next = start;
-        while next < end {
-            match from_device.next(&mut read).await? {
-                Message::Digests { start, digests }
-                    if start == next as u64
-                        && !digests.is_empty()
-                        && next + digests.len() <= end =>
-                {
-                    old_digests[next..next + digests.len()].copy_from_slice(&digests);
-                    next += digests.len();
-                }
-                Message::Digests { start, digests } => {
-                    return Err(protocol(format!(
-                        "{} digests from block {start}, expected from {next} to {end}",
-                        digests.len()
-                    )))
-                }
-                Message::Fail { message } => return Err(remote(message)),
-                other => return Err(protocol(format!("expected DIGESTS, got {}", other.name()))),
-            }
-        }
-    }
-    let base = options.base.as_ref().map(|path| Base {
-        path: path.clone(),
+    // The device's region digests wait in the stream meanwhile (16 KiB a GiB).
+    let new_blocks = joined(reading.await).map_err(local)?;
+    report.start(Phase::Index, 0);
+    let mut pipeline = Pipeline::new(
+        block_size,
+        new_blocks,
         old_len,
-        old_digests: old_digests.clone(),
-    });
-    let planner =
-        Planner::new(block_size, old_len, old_digests).map_err(|e| protocol(e.to_string()))?;
-    let mut counts = PlanCounts::default();
-    let decisions: Vec<Decision> = new_blocks
-        .iter()
-        .enumerate()
-        .map(|(index, info)| {
-            let decision = planner.decide_digest(index as u64, info);
-            counts.count(decision, info.len as usize);
-            decision
-        })
-        .collect();
+        target == Target::BlockDevice,
+    );
+    let new_digests = pipeline.new_digests();
     let image_digest = ImageDigest::of_blocks(block_size, image_len, &new_digests);
-    drop(planner);
+
+    // One thread reads, compresses and encodes whatever is to be sent, in
+    // the order it is asked; one task writes it to the stream, so that the
+    // device's index is read meanwhile.
+    let (jobs, job_queue) = std::sync::mpsc::channel::<Job>();
+    let (to_send, mut sending) = mpsc::channel::<Bytes>(4);
+    let writer = {
+        let source = source.to_path_buf();
+        let base = options.base.clone();
+        let report = report.clone();
+        tokio::task::spawn_blocking(move || {
+            run_writer(
+                &source,
+                base.as_deref(),
+                block_size,
+                image_len,
+                old_len,
+                job_queue,
+                to_send,
+                &report,
+            )
+        })
+    };
+    let mut forward = tokio::spawn(async move {
+        let mut sent = 0u64;
+        while let Some(bytes) = sending.recv().await {
+            write.write_all(&bytes).await?;
+            sent += bytes.len() as u64;
+        }
+        write.flush().await?;
+        io::Result::Ok((write, sent))
+    });
+    let queue = |job: Job| {
+        // The writer only stops early when the stream failed, which the
+        // reads below report.
+        let _ = jobs.send(job);
+    };
+    let want = |runs: &[(u64, u64)], last: bool| {
+        for (k, chunk) in runs.chunks(RUNS_PER_WANT).enumerate() {
+            let final_chunk = (k + 1) * RUNS_PER_WANT >= runs.len();
+            queue(Job::Bytes(encoded(&Message::Want {
+                runs: chunk.to_vec(),
+                last: last && final_chunk,
+            })));
+        }
+        if runs.is_empty() && last {
+            queue(Job::Bytes(encoded(&Message::Want {
+                runs: Vec::new(),
+                last: true,
+            })));
+        }
+    };
+    if pipeline.regions_done() {
+        want(&[], true);
+    }
+    let with_base = options.base.is_some();
+    let mut early_blocks = 0u64;
+    while !pipeline.index_complete() {
+        match from_device.next(&mut read).await? {
+            Message::Regions { start, digests } => {
+                let runs = pipeline
+                    .regions(start, &digests)
+                    .map_err(|e| protocol(e.to_string()))?;
+                want(&runs, pipeline.regions_done());
+            }
+            Message::Digests { start, digests } => pipeline
+                .digests(start, &digests)
+                .map_err(|e| protocol(e.to_string()))?,
+            Message::Fail { message } => return Err(remote(message)),
+            other => {
+                return Err(protocol(format!(
+                    "expected REGIONS or DIGESTS, got {}",
+                    other.name()
+                )))
+            }
+        }
+        if options.dry_run || pipeline.index_complete() {
+            continue;
+        }
+        // New data the index already allows, sent while the rest arrives.
+        if let Some((first, decisions)) = pipeline.early_writes() {
+            early_blocks += decisions.iter().filter(|d| **d != Decision::Same).count() as u64;
+            let old = if with_base {
+                (first..first + decisions.len() as u64)
+                    .map(|index| pipeline.old_digest(index))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            queue(Job::Writes {
+                first,
+                decisions,
+                old,
+            });
+        }
+    }
+    let old_digests: Vec<Option<BlockDigest>> = if with_base {
+        (0..block_size.blocks_in(old_len))
+            .map(|index| pipeline.old_digest(index))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (decisions, rest) = pipeline.finish().map_err(|e| protocol(e.to_string()))?;
+    let mut counts = PlanCounts::default();
+    for (index, decision) in decisions.iter().enumerate() {
+        counts.count(*decision, block_size.len_of(index as u64, image_len));
+    }
 
     let mut summary = DeltaSummary {
         image_len,
@@ -347,71 +340,65 @@ pub async fn push_delta(
         old_len,
         counts,
         xor_blocks: 0,
+        early_blocks,
         bytes_sent,
-        bytes_received: from_device.bytes,
+        bytes_received: 0,
         elapsed: started.elapsed(),
         installed: false,
     };
-    if options.dry_run {
-        // Dropping the stream ends it: the device removes what it prepared.
-        let (bytes, xor_blocks) = dry_run_bytes(source, block_size, &decisions, image_len, base)
-            .await
-            .map_err(|e| local(e.to_string()))?;
-        summary.bytes_sent += bytes;
-        summary.xor_blocks = xor_blocks;
-        return Ok(summary);
+    if !options.dry_run {
+        // The copies, before any write that is not yet sent (a block device
+        // reads their sources first), then those writes and END.
+        queue(Job::Bytes(encoded_copies(block_size, &decisions)));
+        queue(Job::Writes {
+            first: 0,
+            decisions: rest,
+            old: old_digests.clone(),
+        });
+        queue(Job::Bytes(encoded(&Message::End {
+            digest: image_digest,
+        })));
+        report.start(Phase::Sending, counts.replace_bytes);
     }
-
-    // The copies, all before any write (a block device reads their sources first).
-    let out = encoded_copies(block_size, &decisions);
-    summary.bytes_sent += out.len() as u64;
-    write.write_all(&out).await.map_err(stream_error)?;
-
-    // Zeros and new data, read and compressed on a blocking thread while
-    // what it made is sent.
-    let (to_send, mut sending) = mpsc::channel::<Bytes>(4);
-    let source_path = source.to_path_buf();
-    report.start(Phase::Sending, counts.replace_bytes);
-    let sending_report = report.clone();
-    let writer = tokio::task::spawn_blocking(move || {
-        send_writes(
-            &source_path,
-            block_size,
-            &decisions,
-            image_len,
-            base.as_ref(),
-            to_send,
-            &sending_report,
-        )
-    });
-    loop {
-        tokio::select! {
-            bytes = sending.recv() => {
-                let Some(bytes) = bytes else { break };
-                summary.bytes_sent += bytes.len() as u64;
-                write.write_all(&bytes).await.map_err(stream_error)?;
-            }
-            // The device may give up while data is still on its way.
-            message = from_device.next(&mut read) => {
-                drop(sending);
-                let _ = writer.await;
-                return Err(match message? {
-                    Message::Fail { message } => remote(message),
-                    other => protocol(format!("unexpected {} before END", other.name())),
-                });
-            }
+    drop(jobs);
+    // The device may give up while data is still on its way.
+    let (mut write, sent) = tokio::select! {
+        forwarded = &mut forward => forwarded
+            .map_err(|e| local(e.to_string()))?
+            .map_err(stream_error)?,
+        message = from_device.next(&mut read) => {
+            forward.abort();
+            let _ = writer.await;
+            return Err(match message? {
+                Message::Fail { message } => remote(message),
+                other => protocol(format!("unexpected {} before END", other.name())),
+            });
         }
-    }
+    };
+    summary.bytes_sent += sent;
     summary.xor_blocks = writer
         .await
         .map_err(|e| local(e.to_string()))?
         .map_err(|e| local(e.to_string()))?;
-    let end = encoded(&Message::End {
-        digest: image_digest,
-    });
-    summary.bytes_sent += end.len() as u64;
-    write.write_all(&end).await.map_err(stream_error)?;
-    write.flush().await.map_err(stream_error)?;
+    if options.dry_run {
+        // Dropping the stream ends it: the device removes what it prepared.
+        let (bytes, xor_blocks) = dry_run_bytes(
+            source,
+            options.base.as_deref(),
+            block_size,
+            &decisions,
+            image_len,
+            old_len,
+            old_digests,
+        )
+        .await
+        .map_err(|e| local(e.to_string()))?;
+        summary.bytes_sent += bytes;
+        summary.xor_blocks = xor_blocks;
+        summary.bytes_received = from_device.bytes;
+        summary.elapsed = started.elapsed();
+        return Ok(summary);
+    }
     report.start(Phase::Checking, 0);
     match from_device.next(&mut read).await? {
         Message::Done { digest: built } if built == image_digest => {}
@@ -441,20 +428,68 @@ fn joined<T>(
     }
 }
 
-/// Sorted region numbers as runs (first, count).
-fn runs_of(regions: &[u64]) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &region in regions {
-        match runs.last_mut() {
-            Some((first, count)) if *first + *count == region => *count += 1,
-            _ => runs.push((region, 1)),
-        }
-    }
-    runs
+/// What the writer thread is asked to send, in order.
+enum Job {
+    /// Bytes already encoded (WANTs, the copies, END).
+    Bytes(Bytes),
+    /// The zeros and new data among `decisions` (blocks from `first`; other
+    /// decisions are skipped), with the old digests of those blocks when
+    /// XOR against a base is possible.
+    Writes {
+        first: u64,
+        decisions: Vec<Decision>,
+        old: Vec<Option<BlockDigest>>,
+    },
 }
 
-fn wanted_contains(wanted: &[u64], region: u64) -> bool {
-    wanted.binary_search(&region).is_ok()
+/// The writer thread: every job in order; returns how many blocks went as XOR.
+#[allow(clippy::too_many_arguments)]
+fn run_writer(
+    source: &Path,
+    base: Option<&Path>,
+    block_size: BlockSize,
+    len: u64,
+    old_len: u64,
+    jobs: std::sync::mpsc::Receiver<Job>,
+    to_send: mpsc::Sender<Bytes>,
+    report: &Report,
+) -> io::Result<u64> {
+    let file = File::open(source)?;
+    let base = match base {
+        Some(path) => Some(Base {
+            file: File::open(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?,
+            old_len,
+        }),
+        None => None,
+    };
+    let mut xor_blocks = 0;
+    for job in jobs {
+        match job {
+            Job::Bytes(bytes) => to_send
+                .blocking_send(bytes)
+                .map_err(|_| io::Error::other("the stream ended"))?,
+            Job::Writes {
+                first,
+                decisions,
+                old,
+            } => {
+                xor_blocks += send_writes(
+                    &file,
+                    block_size,
+                    first,
+                    &decisions,
+                    len,
+                    base.as_ref()
+                        .filter(|_| !old.is_empty())
+                        .map(|b| (b, &old[..])),
+                    &to_send,
+                    report,
+                )?
+            }
+        }
+    }
+    Ok(xor_blocks)
 }
 
 /// What the device sent, decoded as it arrives.
@@ -567,37 +602,30 @@ fn digest_image(
     Ok(blocks)
 }
 
-/// The old image as this host has it (`--base`), with the device's
-/// digests of its own, which say which of its blocks still hold.
+/// The old image as this host has it (`--base`).
 struct Base {
-    path: std::path::PathBuf,
+    file: File,
     old_len: u64,
-    old_digests: Vec<BlockDigest>,
 }
 
-/// The zeros and new data of the plan, encoded (compressed) and queued for
-/// the stream; only the new blocks are read again, a run at a time. With a
-/// base, each run's blocks whose old bytes the base holds go as XOR where
-/// that compresses smaller; returns how many blocks did.
+/// The zeros and new data among `decisions` (blocks from `first`),
+/// encoded (compressed) and queued for the stream; only the new blocks
+/// are read again, a run at a time. With a base (and the old digests of
+/// these blocks), each run's blocks whose old bytes the base holds go as
+/// XOR where that compresses smaller; returns how many blocks did.
+#[allow(clippy::too_many_arguments)]
 fn send_writes(
-    source: &Path,
+    file: &File,
     block_size: BlockSize,
+    first: u64,
     decisions: &[Decision],
     len: u64,
-    base: Option<&Base>,
-    to_send: mpsc::Sender<Bytes>,
+    base: Option<(&Base, &[Option<BlockDigest>])>,
+    to_send: &mpsc::Sender<Bytes>,
     report: &Report,
 ) -> io::Result<u64> {
     use std::os::unix::fs::FileExt;
-    let file = File::open(source)?;
-    let base_file = match base {
-        Some(base) => Some(
-            File::open(&base.path)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", base.path.display())))?,
-        ),
-        None => None,
-    };
-    let mut writes = Plan::keeping(block_size, Keep::Writes);
+    let mut writes = Plan::keeping_from(block_size, Keep::Writes, first);
     let send = |ops: Vec<Op>| -> io::Result<()> {
         if ops.is_empty() {
             return Ok(());
@@ -614,43 +642,45 @@ fn send_writes(
     let max_run = MAX_REPLACE_BYTES / bs;
     let mut buffer = Vec::new();
     let mut xor_blocks = 0u64;
-    let mut index = 0usize;
-    while index < decisions.len() {
-        if decisions[index] != Decision::Replace {
-            writes.push(index as u64, decisions[index], &[]);
-            index += 1;
+    let mut k = 0usize;
+    while k < decisions.len() {
+        let index = first + k as u64;
+        if decisions[k] != Decision::Replace {
+            writes.push(index, decisions[k], &[]);
+            k += 1;
             continue;
         }
-        let run = decisions[index..]
+        let run = decisions[k..]
             .iter()
             .take(max_run)
             .take_while(|&&d| d == Decision::Replace)
             .count();
-        let offset = block_size.offset_of(index as u64);
+        let offset = block_size.offset_of(index);
         let bytes = ((run * bs) as u64).min(len - offset) as usize;
         buffer.resize(bytes, 0);
         file.read_exact_at(&mut buffer, offset)
             .map_err(|e| io::Error::new(e.kind(), format!("reading at byte {offset}: {e}")))?;
-        match (base, &base_file) {
-            (Some(base), Some(base_file)) => {
+        match base {
+            Some((base, old)) => {
                 // Planned here, not by the plan: the plan's order stays whole.
-                for k in 0..run {
-                    writes.push((index + k) as u64, Decision::Same, &[]);
+                for j in 0..run {
+                    writes.push(index + j as u64, Decision::Same, &[]);
                 }
-                let (ops, xored) = xor_or_replace(base, base_file, block_size, index, &buffer)?;
+                let (ops, xored) =
+                    xor_or_replace(base, &old[k..k + run], block_size, index, &buffer)?;
                 xor_blocks += xored;
                 send(writes.take_closed())?;
                 send(ops)?;
             }
-            _ => {
-                for (k, block) in buffer.chunks(bs).enumerate() {
-                    writes.push((index + k) as u64, Decision::Replace, block);
+            None => {
+                for (j, block) in buffer.chunks(bs).enumerate() {
+                    writes.push(index + j as u64, Decision::Replace, block);
                 }
                 send(writes.take_closed())?;
             }
         }
         report.add(bytes as u64);
-        index += run;
+        k += run;
     }
     send(writes.finish())?;
     Ok(xor_blocks)
@@ -658,13 +688,13 @@ fn send_writes(
 
 /// A run of new blocks from `first` (`data`, at most 1 MiB) as operations:
 /// the stretches whose old bytes the base holds (the base block's digest is
-/// the device's) as one XOR each, if its compressed XOR is the smaller,
-/// the rest as REPLACE. Returns them and how many blocks went as XOR.
+/// the device's, `old`) as one XOR each, if its compressed XOR is the
+/// smaller, the rest as REPLACE. Returns them and how many blocks went as XOR.
 fn xor_or_replace(
     base: &Base,
-    base_file: &File,
+    old_digests: &[Option<BlockDigest>],
     block_size: BlockSize,
-    first: usize,
+    first: u64,
     data: &[u8],
 ) -> io::Result<(Vec<Op>, u64)> {
     use std::os::unix::fs::FileExt;
@@ -674,14 +704,14 @@ fn xor_or_replace(
         .chunks(bs)
         .enumerate()
         .map(|(k, block)| {
-            let index = (first + k) as u64;
+            let index = first + k as u64;
             let old_block = &mut old[k * bs..k * bs + block.len()];
             block_size.len_of(index, base.old_len) == block.len()
-                && base.old_digests.get(index as usize).is_some_and(|digest| {
-                    base_file
+                && old_digests.get(k).copied().flatten().is_some_and(|digest| {
+                    base.file
                         .read_exact_at(old_block, block_size.offset_of(index))
                         .is_ok()
-                        && BlockDigest::of(old_block) == *digest
+                        && BlockDigest::of(old_block) == digest
                 })
         })
         .collect();
@@ -691,26 +721,26 @@ fn xor_or_replace(
     while k < usable.len() {
         let stretch = usable[k..].iter().take_while(|&&u| u == usable[k]).count();
         let (from, to) = (k * bs, ((k + stretch) * bs).min(data.len()));
-        let start = (first + k) as u64;
+        let start = first + k as u64;
         let new_bytes = Bytes::copy_from_slice(&data[from..to]);
-        if usable[k] {
-            let delta: Vec<u8> = data[from..to]
+        let delta: Vec<u8> = if usable[k] {
+            data[from..to]
                 .iter()
                 .zip(&old[from..to])
                 .map(|(new, old)| new ^ old)
-                .collect();
-            if wire::encoded_len(&delta) < wire::encoded_len(&new_bytes) {
-                ops.push(Op::Xor {
-                    start,
-                    data: delta.into(),
-                });
-                xored += stretch as u64;
-            } else {
-                ops.push(Op::Replace {
-                    start,
-                    data: new_bytes,
-                });
-            }
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // Unchanged bytes XOR to zero: with fewer than one in eight, the
+        // XOR cannot compress better than the data (random data XORed).
+        let worth_trying = delta.iter().filter(|&&b| b == 0).count() * 8 >= delta.len();
+        if usable[k] && worth_trying && wire::encoded_len(&delta) < wire::encoded_len(&new_bytes) {
+            ops.push(Op::Xor {
+                start,
+                data: delta.into(),
+            });
+            xored += stretch as u64;
         } else {
             ops.push(Op::Replace {
                 start,
@@ -740,29 +770,41 @@ fn encoded_copies(block_size: BlockSize, decisions: &[Decision]) -> Bytes {
 /// counted, not sent, and how many blocks went as XOR.
 async fn dry_run_bytes(
     source: &Path,
+    base: Option<&Path>,
     block_size: BlockSize,
     decisions: &[Decision],
     len: u64,
-    base: Option<Base>,
+    old_len: u64,
+    old: Vec<Option<BlockDigest>>,
 ) -> io::Result<(u64, u64)> {
-    let mut bytes = encoded_copies(block_size, decisions).len() as u64;
+    let (jobs, job_queue) = std::sync::mpsc::channel::<Job>();
     let (to_send, mut sent) = mpsc::channel::<Bytes>(4);
+    let _ = jobs.send(Job::Bytes(encoded_copies(block_size, decisions)));
+    let _ = jobs.send(Job::Writes {
+        first: 0,
+        decisions: decisions.to_vec(),
+        old,
+    });
+    drop(jobs);
     let source = source.to_path_buf();
-    let decisions = decisions.to_vec();
+    let base = base.map(Path::to_path_buf);
     let writer = tokio::task::spawn_blocking(move || {
-        send_writes(
+        run_writer(
             &source,
+            base.as_deref(),
             block_size,
-            &decisions,
             len,
-            base.as_ref(),
+            old_len,
+            job_queue,
             to_send,
             &Report(None),
         )
     });
+    let mut bytes = 0u64;
     while let Some(chunk) = sent.recv().await {
         bytes += chunk.len() as u64;
     }
     let xor_blocks = writer.await.map_err(io::Error::other)??;
+    // END, which a dry run does not send.
     Ok((bytes + 4 + 1 + 32, xor_blocks))
 }

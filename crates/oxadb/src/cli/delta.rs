@@ -97,9 +97,17 @@ fn print_summary(source: &str, destination: &str, summary: &DeltaSummary) {
         return;
     }
     let seconds = summary.elapsed.as_secs_f64();
+    let early = if summary.early_blocks > 0 {
+        format!(
+            "; {} blocks sent while the device still read its old image",
+            summary.early_blocks
+        )
+    } else {
+        String::new()
+    };
     println!(
         "{source}: 1 file pushed as a delta. {} of {} bytes sent ({:.1}%), {} received, in {:.3}s \
-         ({:.1} MB/s of image)",
+         ({:.1} MB/s of image){early}",
         summary.bytes_sent,
         summary.image_len,
         summary.bytes_sent as f64 * 100.0 / image,

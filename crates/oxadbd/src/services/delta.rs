@@ -113,6 +113,18 @@ impl Link {
         self.to_host.blocking_send(out.freeze()).is_ok()
     }
 
+    /// The host's next message if one has arrived.
+    fn try_receive(&mut self) -> Result<Option<Message>, String> {
+        match self.from_host.try_recv() {
+            Ok(Message::Fail { message }) => Err(format!("the host gave up: {message}")),
+            Ok(message) => Ok(Some(message)),
+            Err(mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                Err("the host closed the stream".into())
+            }
+        }
+    }
+
     fn receive(&mut self) -> Result<Message, String> {
         match self.from_host.blocking_recv() {
             Some(Message::Fail { message }) => Err(format!("the host gave up: {message}")),
@@ -165,11 +177,60 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
     if !link.send(&Message::Index { target, old_len }) {
         return Err("the host closed the stream".into());
     }
+    let check_failed = |error: BuildError| {
+        if matches!(error, BuildError::DigestMismatch) {
+            if let Some(indexes) = indexes {
+                indexes.remove(&path);
+            }
+        }
+        failed("write", &error)
+    };
+    // The build starts before the old image is read: the host may send
+    // new data while the device still reads (docs/delta.md, "Protocol").
+    let destination = match &old {
+        Old::BlockDevice { size, .. } => {
+            if new_len > *size {
+                return Err(format!(
+                    "couldn't write '{}': the image is {new_len} bytes, the device {size}",
+                    path.display()
+                ));
+            }
+            None
+        }
+        _ => {
+            let destination = Destination::open(&path, &Policy::DAEMON, storage)
+                .map_err(|error| failed("create", &error))?;
+            if !destination.is_atomic() {
+                return Err(format!(
+                    "couldn't build '{}' beside the old file: the directory takes no new files",
+                    path.display()
+                ));
+            }
+            destination
+                .file()
+                .set_len(new_len)
+                .map_err(|e| failed("size", &e))?;
+            Some(destination)
+        }
+    };
+    let mut build = match (&old, &destination) {
+        (Old::BlockDevice { device, .. }, _) => {
+            Builder::in_place(device, block_size, old_len, new_len)
+        }
+        (Old::File { file }, Some(destination)) => {
+            Builder::beside(Some(file), destination.file(), block_size, old_len, new_len)
+        }
+        (_, Some(destination)) => {
+            Builder::beside(None, destination.file(), block_size, old_len, new_len)
+        }
+        (_, None) => unreachable!("a destination beside unless a block device"),
+    };
     let old_file = match &old {
         Old::Absent => None,
         Old::File { file } => Some(file),
         Old::BlockDevice { device, .. } => Some(device),
     };
+    let mut exchange = Exchange::default();
     let old_digests = match old_file {
         None => Vec::new(),
         Some(file) => {
@@ -201,33 +262,38 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
             match kept {
                 Some(digests) => {
                     tracing::info!(path = %path.display(), "delta: the index kept from the last delta still holds");
-                    send_regions(link, &digests, 0).map_err(|error| failed("send", &error))?;
+                    exchange.regions_sent =
+                        send_regions(link, &digests, 0).map_err(|error| failed("send", &error))?;
                     digests
                 }
-                None => digest_old(link, file, block_size, old_len)
+                None => digest_old(link, file, block_size, old_len, &mut exchange, &mut build)
                     .map_err(|error| failed("read", &error))?,
             }
         }
     };
-    send_wanted_digests(link, &old_digests)?;
-    let check_failed = |error: BuildError| {
-        if matches!(error, BuildError::DigestMismatch) {
-            if let Some(indexes) = indexes {
-                indexes.remove(&path);
+    exchange.regions_sent = regions_in(old_digests.len() as u64);
+    let built = loop {
+        match link.receive()? {
+            Message::Want { runs, last } => exchange.want(link, &old_digests, runs, last)?,
+            Message::Op(op) => build.apply(op, &old_digests, true).map_err(check_failed)?,
+            Message::End { digest } if exchange.wants_done => {
+                break build.finish(digest, &old_digests).map_err(check_failed)?
+            }
+            other => {
+                return Err(check_failed(BuildError::Protocol(format!(
+                    "the host sent {} {}",
+                    other.name(),
+                    if exchange.wants_done {
+                        "among the operations"
+                    } else {
+                        "before its last WANT"
+                    }
+                ))))
             }
         }
-        failed("write", &error)
     };
-    match old {
-        Old::BlockDevice { device, size } => {
-            if new_len > size {
-                return Err(format!(
-                    "couldn't write '{}': the image is {new_len} bytes, the device {size}",
-                    path.display()
-                ));
-            }
-            let built = build_in_place(link, &device, block_size, old_len, new_len, &old_digests)
-                .map_err(check_failed)?;
+    match (old, destination) {
+        (Old::BlockDevice { device, size }, _) => {
             // A block device has no rename to wait for: flushed unless told
             // not to. Unflushed, its write count would still move as the
             // kernel writes back, and no index is kept.
@@ -242,38 +308,8 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
                     }
                 }
             }
-            link.send(&Message::Done {
-                digest: built.digest,
-            });
-            Ok(())
         }
-        old => {
-            let destination = Destination::open(&path, &Policy::DAEMON, storage)
-                .map_err(|error| failed("create", &error))?;
-            if !destination.is_atomic() {
-                return Err(format!(
-                    "couldn't build '{}' beside the old file: the directory takes no new files",
-                    path.display()
-                ));
-            }
-            destination
-                .file()
-                .set_len(new_len)
-                .map_err(|e| failed("size", &e))?;
-            let old_file = match &old {
-                Old::File { file } => Some(file),
-                _ => None,
-            };
-            let built = build_beside(
-                link,
-                old_file,
-                destination.file(),
-                block_size,
-                old_len,
-                new_len,
-                &old_digests,
-            )
-            .map_err(check_failed)?;
+        (_, Some(destination)) => {
             destination
                 .commit(Attributes {
                     mode: Some(mode),
@@ -291,12 +327,13 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
                     &built.blocks,
                 );
             }
-            link.send(&Message::Done {
-                digest: built.digest,
-            });
-            Ok(())
         }
+        (_, None) => unreachable!("a destination beside unless a block device"),
     }
+    link.send(&Message::Done {
+        digest: built.digest,
+    });
+    Ok(())
 }
 
 fn open_old(path: &Path) -> io::Result<Old> {
@@ -327,26 +364,106 @@ fn open_old(path: &Path) -> io::Result<Old> {
 
 /// Reads and digests the old image, a megabyte at a time, sending each
 /// region's digest as soon as its blocks are read: the host compares them
-/// with its own while the rest is read.
+/// with its own while the rest is read, asks for block digests and sends
+/// the new data it can already, which `build` takes between regions.
 fn digest_old(
     link: &mut Link,
     file: &File,
     block_size: BlockSize,
     len: u64,
-) -> io::Result<Vec<BlockDigest>> {
+    exchange: &mut Exchange,
+    build: &mut Builder,
+) -> Result<Vec<BlockDigest>, String> {
     let mut digests = Vec::with_capacity(block_size.blocks_in(len) as usize);
-    let mut regions_sent = 0u64;
+    let mut failure = None;
     read_blocks(file, block_size, 0, len, |block| {
         digests.push(BlockDigest::of(block));
+        if !(digests.len() as u64).is_multiple_of(REGION_BLOCKS) {
+            return Ok(());
+        }
         // Every 64 regions (64 MiB of 4 KiB blocks): the host sees the
         // index grow while the rest is read.
         if (digests.len() as u64).is_multiple_of(REGION_BLOCKS * 64) {
-            regions_sent = send_regions(link, &digests, regions_sent)?;
+            exchange.regions_sent = send_regions(link, &digests, exchange.regions_sent)?;
+        }
+        if let Err(error) = serve_early(link, exchange, build, &digests) {
+            failure = Some(error);
+            return Err(io::Error::other("the delta failed"));
         }
         Ok(())
-    })?;
-    send_regions(link, &digests, regions_sent)?;
+    })
+    .map_err(|error| failure.take().unwrap_or_else(|| error.to_string()))?;
+    exchange.regions_sent =
+        send_regions(link, &digests, exchange.regions_sent).map_err(|error| error.to_string())?;
     Ok(digests)
+}
+
+/// What the host has asked for of the index so far.
+#[derive(Default)]
+struct Exchange {
+    regions_sent: u64,
+    wants_done: bool,
+}
+
+impl Exchange {
+    /// Answers a WANT: the block digests of the old regions it names, all
+    /// already sent as regions.
+    fn want(
+        &mut self,
+        link: &mut Link,
+        old: &[BlockDigest],
+        runs: Vec<(u64, u64)>,
+        last: bool,
+    ) -> Result<(), String> {
+        if self.wants_done {
+            return Err("the host sent a WANT after its last".into());
+        }
+        let regions = self.regions_sent;
+        for (first, count) in runs {
+            if count == 0 || first.checked_add(count).is_none_or(|end| end > regions) {
+                return Err(format!(
+                    "the host wants {count} regions from {first}; the old image has {regions} so far"
+                ));
+            }
+            let start = (first * REGION_BLOCKS) as usize;
+            let end = ((first + count) * REGION_BLOCKS).min(old.len() as u64) as usize;
+            for (k, batch) in old[start..end].chunks(DIGESTS_PER_MESSAGE).enumerate() {
+                if !link.send(&Message::Digests {
+                    start: (start + k * DIGESTS_PER_MESSAGE) as u64,
+                    digests: batch.to_vec(),
+                }) {
+                    return Err("the host closed the stream".into());
+                }
+            }
+        }
+        self.wants_done = last;
+        Ok(())
+    }
+}
+
+/// Takes what the host sent while the old image is still being read:
+/// WANTs of regions already sent, and zeros and new data it may write now.
+fn serve_early(
+    link: &mut Link,
+    exchange: &mut Exchange,
+    build: &mut Builder,
+    digests: &[BlockDigest],
+) -> Result<(), String> {
+    while let Some(message) = link.try_receive()? {
+        match message {
+            Message::Want { runs, last } => exchange.want(link, digests, runs, last)?,
+            Message::Op(op) => build
+                .apply(op, digests, false)
+                .map_err(|error| error.to_string())?,
+            other => {
+                return Err(format!(
+                    "the host sent {} before the device's index was complete",
+                    other.name()
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Blocks read to confirm a kept index: spread over the whole target from
@@ -405,37 +522,6 @@ fn send_regions(link: &mut Link, digests: &[BlockDigest], first: u64) -> io::Res
         sent += batch.len() as u64;
     }
     Ok(sent)
-}
-
-/// Answers the host's WANTs: the block digests of the old regions it
-/// asked for, in its order, until its last WANT.
-fn send_wanted_digests(link: &mut Link, old: &[BlockDigest]) -> Result<(), String> {
-    let regions = regions_in(old.len() as u64);
-    loop {
-        let Message::Want { runs, last } = link.receive()? else {
-            return Err("the host sent something else than WANT after the regions".into());
-        };
-        for (first, count) in runs {
-            if count == 0 || first.checked_add(count).is_none_or(|end| end > regions) {
-                return Err(format!(
-                    "the host wants {count} regions from {first}; the old image has {regions}"
-                ));
-            }
-            let start = (first * REGION_BLOCKS) as usize;
-            let end = ((first + count) * REGION_BLOCKS).min(old.len() as u64) as usize;
-            for (k, batch) in old[start..end].chunks(DIGESTS_PER_MESSAGE).enumerate() {
-                if !link.send(&Message::Digests {
-                    start: (start + k * DIGESTS_PER_MESSAGE) as u64,
-                    digests: batch.to_vec(),
-                }) {
-                    return Err("the host closed the stream".into());
-                }
-            }
-        }
-        if last {
-            return Ok(());
-        }
-    }
 }
 
 /// Reads `file` from block `first` to byte `len`, a megabyte at a time,
@@ -557,130 +643,209 @@ enum BuildError {
     DigestMismatch,
 }
 
-/// Applies operations as they come into `new`, a fresh file of the new
-/// length, reading copies from `old`; returns what was built once its
-/// digest matches the host's.
-fn build_beside(
-    link: &mut Link,
-    old: Option<&File>,
-    new: &File,
+/// The new image under construction: a fresh file beside the old one, or
+/// the block device itself. Operations come in the order the host sends
+/// them; in place, a run of copies is applied (in [`InPlaceSchedule`]'s
+/// order) when the first write after it arrives, and a copy may not read a
+/// block this delta already wrote.
+///
+/// [`InPlaceSchedule`]: oxadb_delta::InPlaceSchedule
+struct Builder<'a> {
     block_size: BlockSize,
     old_len: u64,
     new_len: u64,
-    old_digests: &[BlockDigest],
-) -> Result<Built, BuildError> {
-    let mut new_store = FileStore {
-        file: new,
-        fresh: true,
-    };
-    let mut old_file_store;
-    let mut no_old = NoOldImage;
-    let old_store: &mut dyn BlockStore = match old {
-        Some(file) => {
-            old_file_store = FileStore { file, fresh: false };
-            &mut old_file_store
-        }
-        None => &mut no_old,
-    };
-    let mut checked_old = CheckedReads {
-        store: old_store,
-        block_size,
-        old_len,
-        old: old_digests,
-    };
-    let mut built = Composition::beside(block_size, new_len);
-    loop {
-        match link.receive().map_err(BuildError::Protocol)? {
-            Message::Op(op) => {
-                // An XOR's result is what the composition hashes.
-                let op = resolve_xor(&mut checked_old, block_size, old_len, new_len, &op)?;
-                apply_beside_op(
-                    &mut checked_old,
-                    &mut new_store,
-                    block_size,
-                    old_len,
-                    new_len,
-                    &op,
-                )?;
-                built.record(&op, old_digests)?;
-            }
-            Message::End { digest } => return finish(built, digest),
-            other => return Err(unexpected(&other)),
-        }
-    }
+    /// Beside: the old file (none if there was none). In place: none.
+    old: Option<&'a File>,
+    new: &'a File,
+    in_place: bool,
+    composition: Composition,
+    written: Vec<bool>,
+    copies: Vec<Op>,
 }
 
-/// Applies operations in place on a block device: copies are gathered until
-/// the first zero or new data, applied in a safe order, then the rest as
-/// it comes.
-fn build_in_place(
-    link: &mut Link,
-    device: &File,
-    block_size: BlockSize,
-    old_len: u64,
-    new_len: u64,
-    old_digests: &[BlockDigest],
-) -> Result<Built, BuildError> {
-    let mut device_store = FileStore {
-        file: device,
-        fresh: false,
-    };
-    let mut store = CheckedReads {
-        store: &mut device_store,
-        block_size,
-        old_len,
-        old: old_digests,
-    };
-    let mut built = Composition::in_place(block_size, new_len, old_len, old_digests);
-    let mut copies: Option<Vec<Op>> = Some(Vec::new());
-    loop {
-        let (op, end) = match link.receive().map_err(BuildError::Protocol)? {
-            Message::Op(op) => (Some(op), None),
-            Message::End { digest } => (None, Some(digest)),
-            other => return Err(unexpected(&other)),
+impl<'a> Builder<'a> {
+    fn beside(
+        old: Option<&'a File>,
+        new: &'a File,
+        block_size: BlockSize,
+        old_len: u64,
+        new_len: u64,
+    ) -> Builder<'a> {
+        Builder::new(old, new, false, block_size, old_len, new_len)
+    }
+
+    fn in_place(
+        device: &'a File,
+        block_size: BlockSize,
+        old_len: u64,
+        new_len: u64,
+    ) -> Builder<'a> {
+        Builder::new(None, device, true, block_size, old_len, new_len)
+    }
+
+    fn new(
+        old: Option<&'a File>,
+        new: &'a File,
+        in_place: bool,
+        block_size: BlockSize,
+        old_len: u64,
+        new_len: u64,
+    ) -> Builder<'a> {
+        Builder {
+            block_size,
+            old_len,
+            new_len,
+            old,
+            new,
+            in_place,
+            composition: Composition::beside(block_size, new_len),
+            written: vec![false; block_size.blocks_in(new_len) as usize],
+            copies: Vec::new(),
+        }
+    }
+
+    /// Applies `op`. `old` holds the old image's digests known so far (all
+    /// of them once `index_complete`); copies wait for the whole index.
+    fn apply(
+        &mut self,
+        op: Op,
+        old: &[BlockDigest],
+        index_complete: bool,
+    ) -> Result<(), BuildError> {
+        let (block_size, old_len, new_len) = (self.block_size, self.old_len, self.new_len);
+        if let Op::Copy { from, count, .. } = &op {
+            if !index_complete {
+                return Err(BuildError::Protocol(
+                    "the host sent a COPY before the device's index was complete".into(),
+                ));
+            }
+            if self.in_place {
+                oxadb_delta::check(&op, block_size, old_len, new_len)?;
+                if let Some(block) = (*from..from + count).find(|&b| self.was_written(b)) {
+                    return Err(BuildError::Protocol(format!(
+                        "a COPY reads block {block}, which this delta already wrote"
+                    )));
+                }
+                self.copies.push(op);
+                return Ok(());
+            }
+        }
+        let mut new_store = FileStore {
+            file: self.new,
+            fresh: !self.in_place,
         };
-        let is_copy = matches!(op, Some(Op::Copy { .. }));
-        if let (Some(pending), false) = (&copies, is_copy) {
-            apply_copies_in_place(&mut store, block_size, old_len, new_len, pending)?;
-            for copy in pending {
-                built.record(copy, old_digests)?;
+        if self.in_place {
+            self.apply_copies(old)?;
+            if let Op::Xor { start, .. } = &op {
+                // An XOR reads its own place, which must still be old.
+                let end = start + op.count(block_size);
+                if let Some(block) = (*start..end).find(|&b| self.was_written(b)) {
+                    return Err(BuildError::Protocol(format!(
+                        "an XOR reads block {block}, which this delta already wrote"
+                    )));
+                }
             }
-            copies = None;
-        }
-        match (op, &mut copies, end) {
-            (Some(op @ Op::Copy { .. }), Some(pending), _) => pending.push(op),
-            (Some(op), _, _) => {
-                let op = resolve_xor(&mut store, block_size, old_len, new_len, &op)?;
-                apply_write(&mut store, block_size, old_len, new_len, &op)?;
-                built.record(&op, old_digests)?;
-            }
-            (None, _, Some(digest)) => return finish(built, digest),
-            (None, _, None) => unreachable!("an operation or END"),
+            let mut checked = CheckedReads {
+                store: &mut new_store,
+                block_size,
+                old_len,
+                old,
+            };
+            let op = resolve_xor(&mut checked, block_size, old_len, new_len, &op)?;
+            apply_write(&mut checked, block_size, old_len, new_len, &op)?;
+            self.record(&op, old)
+        } else {
+            let mut old_file_store;
+            let mut no_old = NoOldImage;
+            let old_store: &mut dyn BlockStore = match self.old {
+                Some(file) => {
+                    old_file_store = FileStore { file, fresh: false };
+                    &mut old_file_store
+                }
+                None => &mut no_old,
+            };
+            let mut checked_old = CheckedReads {
+                store: old_store,
+                block_size,
+                old_len,
+                old,
+            };
+            // An XOR's result is what the composition hashes.
+            let op = resolve_xor(&mut checked_old, block_size, old_len, new_len, &op)?;
+            apply_beside_op(
+                &mut checked_old,
+                &mut new_store,
+                block_size,
+                old_len,
+                new_len,
+                &op,
+            )?;
+            self.record(&op, old)
         }
     }
-}
 
-fn unexpected(message: &Message) -> BuildError {
-    BuildError::Protocol(format!(
-        "the host sent {} among the operations",
-        message.name()
-    ))
+    fn was_written(&self, block: u64) -> bool {
+        self.written.get(block as usize).copied().unwrap_or(false)
+    }
+
+    /// The pending copies, applied in place in a safe order.
+    fn apply_copies(&mut self, old: &[BlockDigest]) -> Result<(), BuildError> {
+        if self.copies.is_empty() {
+            return Ok(());
+        }
+        let copies = std::mem::take(&mut self.copies);
+        let mut device = FileStore {
+            file: self.new,
+            fresh: false,
+        };
+        let mut checked = CheckedReads {
+            store: &mut device,
+            block_size: self.block_size,
+            old_len: self.old_len,
+            old,
+        };
+        apply_copies_in_place(
+            &mut checked,
+            self.block_size,
+            self.old_len,
+            self.new_len,
+            &copies,
+        )?;
+        for copy in &copies {
+            self.record(copy, old)?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, op: &Op, old: &[BlockDigest]) -> Result<(), BuildError> {
+        self.composition.record(op, old)?;
+        let start = op.start() as usize;
+        for written in &mut self.written[start..start + op.count(self.block_size) as usize] {
+            *written = true;
+        }
+        Ok(())
+    }
+
+    /// The digest of what was built, from the digests of the blocks written
+    /// and kept (docs/delta.md, "The end check"), against the host's.
+    fn finish(mut self, expected: [u8; 32], old: &[BlockDigest]) -> Result<Built, BuildError> {
+        if self.in_place {
+            self.apply_copies(old)?;
+            // What nothing wrote is the old image's.
+            self.composition.keep_old(self.old_len, old);
+        }
+        let (blocks, digest) = self.composition.finish()?;
+        if digest != expected {
+            return Err(BuildError::DigestMismatch);
+        }
+        Ok(Built { digest, blocks })
+    }
 }
 
 /// What a delta built: the image's digest and its blocks' (for the index).
 struct Built {
     digest: [u8; 32],
     blocks: Vec<BlockDigest>,
-}
-
-/// The digest of what was built, from the digests of the blocks written
-/// and kept (docs/delta.md, "The end check"), against the host's.
-fn finish(built: Composition, expected: [u8; 32]) -> Result<Built, BuildError> {
-    let (blocks, digest) = built.finish()?;
-    if digest != expected {
-        return Err(BuildError::DigestMismatch);
-    }
-    Ok(Built { digest, blocks })
 }
 
 /// The digests of a whole block device after an image of `new_len` bytes

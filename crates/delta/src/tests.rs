@@ -980,6 +980,10 @@ fn the_pipeline_writes_early_and_still_builds_the_image() {
 #[test]
 fn the_digest_of_zeros_is_the_digest_of_a_zero_block() {
     for len in [0, 1, 4095, 4096, 4097, 65536, 1 << 20] {
-        assert_eq!(BlockDigest::of_zeros(len), BlockDigest::of(&vec![0u8; len]), "{len}");
+        assert_eq!(
+            BlockDigest::of_zeros(len),
+            BlockDigest::of(&vec![0u8; len]),
+            "{len}"
+        );
     }
 }

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 use oxadb_delta::wire::{self, Decoder, Message, Target, DIGESTS_PER_MESSAGE};
 use oxadb_delta::{
-    apply_beside_op, apply_copies_in_place, apply_write, region_digest, regions_in, resolve_xor,
-    write_zeros, BlockDigest, BlockSize, BlockStore, CheckedReads, Composition, Op, REGION_BLOCKS,
+    apply_beside_op, apply_copies_in_place, apply_write, region_digest, resolve_xor, write_zeros,
+    BlockDigest, BlockSize, BlockStore, CheckedReads, Composition, Op, REGION_BLOCKS,
 };
 use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
 
@@ -271,7 +271,6 @@ fn run(link: &mut Link, storage: &Storage, indexes: Option<&IndexStore>) -> Resu
             }
         }
     };
-    exchange.regions_sent = regions_in(old_digests.len() as u64);
     let built = loop {
         match link.receive()? {
             Message::Want { runs, last } => exchange.want(link, &old_digests, runs, last)?,

@@ -1,7 +1,9 @@
-//! The host's side of a delta while the device's index is still arriving:
-//! the old image's region digests, then the block digests of the regions
-//! that differ (docs/delta.md, "Regions"), and, before the last of them,
-//! the new blocks that can already be decided and written.
+//! The host's side of a delta while the device's index is still arriving
+//! and the host still hashes its own image: the old image's region
+//! digests, compared as soon as the new image's region is hashed too, then
+//! the block digests of the regions that differ (docs/delta.md, "Regions"),
+//! and, before the last of them, the new blocks that can already be
+//! decided and written.
 //!
 //! A block is decided once the index reaches [`LOOKAHEAD_REGIONS`] regions
 //! past it: a block whose bytes lie further ahead in the old image is then
@@ -9,12 +11,17 @@
 //! Written early are only zeros and new data whose place no copy can read:
 //! beside the old image any place, in place a place whose old bytes appear
 //! nowhere in the new image (a copy only reads old blocks the new image
-//! has). Everything else waits for the end: the copies, then the writes
-//! held back (docs/delta.md, "Applying in place: the order").
+//! has). While the new image is still being hashed, "nowhere" is "nowhere
+//! hashed yet", and a block hashed later that the old bytes of a place
+//! written early would have given is sent as data instead of copied.
+//! Everything else waits for the end: the copies, then the writes held
+//! back (docs/delta.md, "Applying in place: the order").
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
-use crate::digest::{region_digests, regions_in, BlockDigest, REGION_BLOCKS};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+
+use crate::digest::{region_digest, regions_in, BlockDigest, REGION_BLOCKS};
 use crate::plan::{decide, BlockInfo, Decision};
 use crate::BlockSize;
 
@@ -41,7 +48,10 @@ pub enum PipelineError {
 pub struct Pipeline {
     block_size: BlockSize,
     old_len: u64,
+    /// The new image's blocks hashed so far, in order, of `new_blocks`.
     new: Vec<BlockInfo>,
+    new_blocks: u64,
+    /// Digests of the new image's regions whose blocks are all hashed.
     new_regions: Vec<BlockDigest>,
     /// Digests of the new image's full blocks: an old block with one of
     /// them may be a copy's source.
@@ -49,7 +59,10 @@ pub struct Pipeline {
     in_place: bool,
     old: Vec<Option<BlockDigest>>,
     old_regions: u64,
-    regions_received: u64,
+    /// The old image's region digests received so far.
+    old_region_digests: Vec<BlockDigest>,
+    /// Regions before this one are compared with the new image's.
+    compared: u64,
     region_known: Vec<bool>,
     /// Regions before this one all have their block digests.
     known_prefix: u64,
@@ -70,34 +83,66 @@ impl Pipeline {
         old_len: u64,
         in_place: bool,
     ) -> Pipeline {
-        let digests: Vec<BlockDigest> = new.iter().map(|b| b.digest).collect();
-        let new_set = new
-            .iter()
-            .filter(|b| b.len == block_size.bytes())
-            .map(|b| b.digest)
-            .collect();
+        let new_len = new.iter().map(|b| u64::from(b.len)).sum();
+        let mut pipeline = Pipeline::hashing(block_size, new_len, old_len, in_place);
+        pipeline.hashed(&new);
+        pipeline
+    }
+
+    /// A pipeline whose new image of `new_len` bytes is described block by
+    /// block as it is hashed ([`Pipeline::hashed`]).
+    pub fn hashing(block_size: BlockSize, new_len: u64, old_len: u64, in_place: bool) -> Pipeline {
+        let new_blocks = block_size.blocks_in(new_len);
         let old_blocks = block_size.blocks_in(old_len);
         let old_regions = regions_in(old_blocks);
         Pipeline {
             block_size,
             old_len,
-            new_regions: region_digests(&digests),
-            new_set,
+            new: Vec::with_capacity(new_blocks as usize),
+            new_blocks,
+            new_regions: Vec::with_capacity(regions_in(new_blocks) as usize),
+            new_set: HashSet::with_capacity(new_blocks as usize),
             in_place,
             old: vec![None; old_blocks as usize],
             old_regions,
-            regions_received: 0,
+            old_region_digests: Vec::with_capacity(old_regions as usize),
+            compared: 0,
             region_known: vec![false; old_regions as usize],
             known_prefix: 0,
             wanted: VecDeque::new(),
             anywhere: HashMap::new(),
-            decisions: Vec::with_capacity(new.len()),
-            written_early: vec![false; new.len()],
-            new,
+            decisions: Vec::with_capacity(new_blocks as usize),
+            written_early: vec![false; new_blocks as usize],
         }
     }
 
-    /// The new image's block digests.
+    /// The new image's next blocks, in order; returns the runs of regions
+    /// whose block digests to ask for (WANT) that this allows.
+    pub fn hashed(&mut self, blocks: &[BlockInfo]) -> Vec<(u64, u64)> {
+        let full = self.block_size.bytes();
+        let room = (self.new_blocks - self.new.len() as u64) as usize;
+        for info in &blocks[..blocks.len().min(room)] {
+            self.new.push(*info);
+            if info.len == full {
+                self.new_set.insert(info.digest);
+            }
+            let hashed = self.new.len() as u64;
+            if hashed.is_multiple_of(REGION_BLOCKS) || hashed == self.new_blocks {
+                let first = (self.new_regions.len() as u64 * REGION_BLOCKS) as usize;
+                let digests: Vec<BlockDigest> =
+                    self.new[first..].iter().map(|b| b.digest).collect();
+                self.new_regions.push(region_digest(&digests));
+            }
+        }
+        self.compare()
+    }
+
+    /// Whether every block of the new image is hashed.
+    pub fn hashing_done(&self) -> bool {
+        self.new.len() as u64 == self.new_blocks
+    }
+
+    /// The new image's block digests (all of them once hashing is done).
     pub fn new_digests(&self) -> Vec<BlockDigest> {
         self.new.iter().map(|b| b.digest).collect()
     }
@@ -109,23 +154,38 @@ impl Pipeline {
         start: u64,
         digests: &[BlockDigest],
     ) -> Result<Vec<(u64, u64)>, PipelineError> {
+        let received = self.old_region_digests.len() as u64;
         let end = start + digests.len() as u64;
-        if start != self.regions_received || digests.is_empty() || end > self.old_regions {
+        if start != received || digests.is_empty() || end > self.old_regions {
             return Err(PipelineError::Regions {
                 start,
                 count: digests.len(),
-                expected: self.regions_received,
+                expected: received,
                 regions: self.old_regions,
             });
         }
-        self.regions_received = end;
+        self.old_region_digests.extend_from_slice(digests);
+        Ok(self.compare())
+    }
+
+    /// Compares the regions both images' digests now allow, in order;
+    /// returns the runs of those that differ, to be asked for.
+    fn compare(&mut self) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (k, digest) in digests.iter().enumerate() {
-            let region = start + k as u64;
-            let blocks = self.region_blocks(region);
-            if self.new_regions.get(region as usize) == Some(digest) {
+        while self.compared < self.old_region_digests.len() as u64 {
+            let region = self.compared;
+            let new_region = if region * REGION_BLOCKS >= self.new_blocks {
+                None
+            } else if let Some(digest) = self.new_regions.get(region as usize) {
+                Some(*digest)
+            } else {
+                // Not hashed yet.
+                break;
+            };
+            self.compared += 1;
+            if new_region == Some(self.old_region_digests[region as usize]) {
                 // The same blocks as this host's: their digests are its own.
-                for block in blocks {
+                for block in self.region_blocks(region) {
                     self.old[block as usize] = Some(self.new[block as usize].digest);
                 }
                 self.region_complete(region);
@@ -145,12 +205,12 @@ impl Pipeline {
             self.wanted.push_back((start, end));
         }
         self.advance_prefix();
-        Ok(runs)
+        runs
     }
 
-    /// Whether every region digest has arrived (the last WANT may go).
-    pub fn regions_done(&self) -> bool {
-        self.regions_received == self.old_regions
+    /// Whether every old region is compared: the last WANT may go.
+    pub fn comparisons_done(&self) -> bool {
+        self.compared == self.old_regions
     }
 
     /// Block digests of the old image from block `start` (DIGESTS), in the
@@ -188,7 +248,7 @@ impl Pipeline {
 
     /// Whether every old block's digest is known.
     pub fn index_complete(&self) -> bool {
-        self.regions_done() && self.wanted.is_empty()
+        self.comparisons_done() && self.wanted.is_empty()
     }
 
     /// Decides the blocks the index now allows, and returns the writes
@@ -197,7 +257,8 @@ impl Pipeline {
     pub fn early_writes(&mut self) -> Option<(u64, Vec<Decision>)> {
         let first = self.decisions.len() as u64;
         let complete = self.index_complete();
-        while (self.decisions.len() as u64) < self.new.len() as u64 {
+        // Only blocks hashed can be decided.
+        while self.decisions.len() < self.new.len() {
             let index = self.decisions.len() as u64;
             let region = index / REGION_BLOCKS;
             if !complete && self.known_prefix < region + LOOKAHEAD_REGIONS + 1 {
@@ -231,7 +292,7 @@ impl Pipeline {
     /// Every block decided: the decisions, and the writes still to send
     /// (`Same` where a block was written early or is no write).
     pub fn finish(mut self) -> Result<(Vec<Decision>, Vec<Decision>), PipelineError> {
-        if !self.index_complete() {
+        if !self.index_complete() || !self.hashing_done() {
             return Err(PipelineError::Incomplete);
         }
         while self.decisions.len() < self.new.len() {
@@ -249,14 +310,23 @@ impl Pipeline {
 
     fn decide(&self, index: u64) -> Decision {
         let old_here = self.old.get(index as usize).and_then(Option::as_ref);
-        decide(
+        let decision = decide(
             self.block_size,
             self.old_len,
             old_here,
             &self.anywhere,
             index,
             &self.new[index as usize],
-        )
+        );
+        match decision {
+            // In place, a place written early holds old bytes no more.
+            Decision::Copy { from }
+                if self.in_place && self.written_early.get(from as usize) == Some(&true) =>
+            {
+                Decision::Replace
+            }
+            decision => decision,
+        }
     }
 
     /// Whether no copy can read the old bytes at `index`.
@@ -268,6 +338,8 @@ impl Pipeline {
             // Past the old image, or its short last block: never a copy's source.
             return true;
         }
+        // Blocks hashed later that hold these bytes are sent as data
+        // ([`Pipeline::decide`]); a block hashed already is in the set.
         match self.old.get(index as usize).and_then(Option::as_ref) {
             Some(old) => !self.new_set.contains(old),
             None => false,

@@ -1,7 +1,7 @@
 //! The host's side of a delta: each block of the new image decided against
 //! the old image's digests, and the decisions coalesced into operations.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use bytes::{Bytes, BytesMut};
 

@@ -829,14 +829,28 @@ fn write_ops(new: &[u8], block_size: BlockSize, first: u64, decisions: &[Decisio
 /// Runs the host's pipeline against `old` as a device would answer it
 /// (region digests 64 at a time), applying the early writes as they come,
 /// then the copies and the other writes; returns the built image and how
-/// many blocks were written early.
-fn pipelined(old: &[u8], new: &[u8], block_size: BlockSize, in_place: bool) -> (Vec<u8>, usize) {
+/// many blocks were written early. With `hash_step`, the new image is
+/// described that many blocks at a time, between the device's messages,
+/// as a host still hashing it does; without, all of it first.
+fn pipelined(
+    old: &[u8],
+    new: &[u8],
+    block_size: BlockSize,
+    in_place: bool,
+    hash_step: Option<usize>,
+) -> (Vec<u8>, usize) {
     let b = block_size.bytes() as usize;
     let infos: Vec<BlockInfo> = new.chunks(b).map(BlockInfo::of).collect();
-    let mut pipeline = Pipeline::new(block_size, infos, old.len() as u64, in_place);
+    let (old_len, new_len) = (old.len() as u64, new.len() as u64);
+    let (mut pipeline, mut fed) = match hash_step {
+        None => (
+            Pipeline::new(block_size, infos.clone(), old_len, in_place),
+            infos.len(),
+        ),
+        Some(_) => (Pipeline::hashing(block_size, new_len, old_len, in_place), 0),
+    };
     let old_digests = digests(old, block_size);
     let old_regions = region_digests(&old_digests);
-    let (old_len, new_len) = (old.len() as u64, new.len() as u64);
     let mut device = Memory(old.to_vec());
     device.0.resize(old.len().max(new.len()), 0);
     let mut beside = Memory(vec![0; new.len()]);
@@ -859,11 +873,7 @@ fn pipelined(old: &[u8], new: &[u8], block_size: BlockSize, in_place: bool) -> (
             }
         }
     };
-    if pipeline.regions_done() {
-        assert!(pipeline.index_complete());
-    }
-    for (batch, regions) in old_regions.chunks(64).enumerate() {
-        let runs = pipeline.regions(batch as u64 * 64, regions).unwrap();
+    let answer = |pipeline: &mut Pipeline, runs: Vec<(u64, u64)>| {
         for (first, count) in runs {
             let start = (first * REGION_BLOCKS) as usize;
             let end = ((first + count) * REGION_BLOCKS).min(old_digests.len() as u64) as usize;
@@ -871,9 +881,26 @@ fn pipelined(old: &[u8], new: &[u8], block_size: BlockSize, in_place: bool) -> (
                 pipeline.digests((start + k * 1000) as u64, chunk).unwrap();
             }
         }
-        if pipeline.index_complete() {
+    };
+    let mut batches = old_regions.chunks(64).enumerate();
+    loop {
+        if let Some((batch, regions)) = batches.next() {
+            let runs = pipeline.regions(batch as u64 * 64, regions).unwrap();
+            answer(&mut pipeline, runs);
+        }
+        if let Some(step) = hash_step.filter(|_| fed < infos.len()) {
+            let next = (fed + step).min(infos.len());
+            let runs = pipeline.hashed(&infos[fed..next]);
+            answer(&mut pipeline, runs);
+            fed = next;
+        }
+        if pipeline.index_complete() && pipeline.hashing_done() {
             break;
         }
+        assert!(
+            batches.len() > 0 || fed < infos.len(),
+            "everything sent and hashed, and the index is not complete"
+        );
         if let Some((first, decisions)) = pipeline.early_writes() {
             early += decisions.iter().filter(|d| **d != Decision::Same).count();
             apply(
@@ -963,16 +990,20 @@ fn the_pipeline_writes_early_and_still_builds_the_image() {
         if trial % 2 == 1 {
             new.truncate(new.len() - rng.random_range(1..5000));
         }
-        for in_place in [true, false] {
-            let (built, early) = pipelined(&old, &new, block_size, in_place);
-            assert!(
-                built == new,
-                "trial {trial}, in place {in_place}: the image differs"
-            );
-            assert!(
-                early > 0,
-                "trial {trial}, in place {in_place}: nothing was written early"
-            );
+        // The new image described all at once, and as a host hashing it
+        // would, in steps smaller and larger than a region.
+        for hash_step in [None, Some(100), Some(3000)] {
+            for in_place in [true, false] {
+                let (built, early) = pipelined(&old, &new, block_size, in_place, hash_step);
+                assert!(
+                    built == new,
+                    "trial {trial}, in place {in_place}, {hash_step:?}: the image differs"
+                );
+                assert!(
+                    early > 0,
+                    "trial {trial}, in place {in_place}, {hash_step:?}: nothing was written early"
+                );
+            }
         }
     }
 }

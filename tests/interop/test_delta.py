@@ -135,7 +135,9 @@ def test_an_ext4_image_onto_a_file(fresh_daemon, home, tmp_path, images):
 
     sent = delta(home, d.serial, v2, str(dest))
     assert sha256_file(dest) == sha256_file(v2)
-    assert sent == planned
+    # The plan's bytes, give or take how the WANTs split: the host asks as
+    # its hashing and the device's index meet, which timing decides.
+    assert abs(sent - planned) <= planned // 200, (sent, planned)
     # The changes are about 4 MiB of file data and the metadata around them.
     assert sent < IMAGE // 20, f"sent {sent} bytes of {IMAGE}"
     assert [p.name for p in dest.parent.iterdir()] == ["rootfs.img"], "a temporary file was left"

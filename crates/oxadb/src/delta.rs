@@ -8,7 +8,7 @@
 //! message carries the new image's digest, which the device must match.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -202,29 +202,32 @@ pub async fn push_delta(
     bytes_sent += begin.len() as u64;
     write.write_all(&begin).await.map_err(stream_error)?;
 
-    // The new image read once, while the device reads the old one.
+    // The new image read once, while the device reads the old one; its
+    // blocks are described to the pipeline as they are hashed.
     let source_path = source.to_path_buf();
     report.start(Phase::Reading, image_len);
     let reading_report = report.clone();
+    let (hashed_chunks, mut hashed) = mpsc::channel::<HashedChunk>(HASHED_QUEUE);
     let reading = tokio::task::spawn_blocking(move || {
-        digest_image(&source_path, block_size, image_len, &reading_report)
+        digest_image(
+            &source_path,
+            block_size,
+            image_len,
+            &reading_report,
+            &hashed_chunks,
+        )
     });
     let (target, old_len) = match from_device.next(&mut read).await? {
         Message::Index { target, old_len } => (target, old_len),
         Message::Fail { message } => return Err(remote(message)),
         other => return Err(protocol(format!("expected INDEX, got {}", other.name()))),
     };
-    // The device's region digests wait in the stream meanwhile (16 KiB a GiB).
-    let new_blocks = joined(reading.await).map_err(local)?;
-    report.start(Phase::Index, 0);
-    let mut pipeline = Pipeline::new(
+    let mut pipeline = Pipeline::hashing(
         block_size,
-        new_blocks,
+        image_len,
         old_len,
         target == Target::BlockDevice,
     );
-    let new_digests = pipeline.new_digests();
-    let image_digest = ImageDigest::of_blocks(block_size, image_len, &new_digests);
 
     // One thread reads, compresses and encodes whatever is to be sent, in
     // the order it is asked; one task writes it to the stream, so that the
@@ -262,7 +265,10 @@ pub async fn push_delta(
         // reads below report.
         let _ = jobs.send(job);
     };
-    let want = |runs: &[(u64, u64)], last: bool| {
+    let mut last_want_sent = false;
+    let mut want = |runs: &[(u64, u64)], pipeline: &Pipeline| {
+        let last = pipeline.comparisons_done() && !last_want_sent;
+        last_want_sent |= last;
         for (k, chunk) in runs.chunks(RUNS_PER_WANT).enumerate() {
             let final_chunk = (k + 1) * RUNS_PER_WANT >= runs.len();
             queue(Job::Bytes(encoded(&Message::Want {
@@ -277,31 +283,52 @@ pub async fn push_delta(
             })));
         }
     };
-    if pipeline.regions_done() {
-        want(&[], true);
-    }
+    want(&[], &pipeline);
     let with_base = options.base.is_some();
     let mut early_blocks = 0u64;
-    while !pipeline.index_complete() {
-        match from_device.next(&mut read).await? {
-            Message::Regions { start, digests } => {
-                let runs = pipeline
-                    .regions(start, &digests)
-                    .map_err(|e| protocol(e.to_string()))?;
-                want(&runs, pipeline.regions_done());
+    // Hashed chunks arrive in any order; the pipeline takes them in order.
+    let mut out_of_order = std::collections::BTreeMap::new();
+    let mut next_chunk = 0u64;
+    while !(pipeline.index_complete() && pipeline.hashing_done()) {
+        tokio::select! {
+            chunk = hashed.recv(), if !pipeline.hashing_done() => {
+                let Some(HashedChunk { chunk, blocks }) = chunk else {
+                    // The reading ended early: its error says why.
+                    joined(reading.await).map_err(local)?;
+                    return Err(local("the image ended while being read".into()));
+                };
+                out_of_order.insert(chunk, blocks);
+                while let Some(blocks) = out_of_order.remove(&next_chunk) {
+                    next_chunk += 1;
+                    let runs = pipeline.hashed(&blocks);
+                    want(&runs, &pipeline);
+                }
+                if pipeline.hashing_done() {
+                    report.start(Phase::Index, 0);
+                }
             }
-            Message::Digests { start, digests } => pipeline
-                .digests(start, &digests)
-                .map_err(|e| protocol(e.to_string()))?,
-            Message::Fail { message } => return Err(remote(message)),
-            other => {
-                return Err(protocol(format!(
-                    "expected REGIONS or DIGESTS, got {}",
-                    other.name()
-                )))
+            message = from_device.next(&mut read), if !pipeline.index_complete() => {
+                match message? {
+                    Message::Regions { start, digests } => {
+                        let runs = pipeline
+                            .regions(start, &digests)
+                            .map_err(|e| protocol(e.to_string()))?;
+                        want(&runs, &pipeline);
+                    }
+                    Message::Digests { start, digests } => pipeline
+                        .digests(start, &digests)
+                        .map_err(|e| protocol(e.to_string()))?,
+                    Message::Fail { message } => return Err(remote(message)),
+                    other => {
+                        return Err(protocol(format!(
+                            "expected REGIONS or DIGESTS, got {}",
+                            other.name()
+                        )))
+                    }
+                }
             }
         }
-        if options.dry_run || pipeline.index_complete() {
+        if options.dry_run || (pipeline.index_complete() && pipeline.hashing_done()) {
             continue;
         }
         // New data the index already allows, sent while the rest arrives.
@@ -321,6 +348,8 @@ pub async fn push_delta(
             });
         }
     }
+    joined(reading.await).map_err(local)?;
+    let image_digest = ImageDigest::of_blocks(block_size, image_len, &pipeline.new_digests());
     let old_digests: Vec<Option<BlockDigest>> = if with_base {
         (0..block_size.blocks_in(old_len))
             .map(|index| pipeline.old_digest(index))
@@ -559,47 +588,75 @@ fn image_size_and_mode(source: &Path) -> io::Result<(u64, u32)> {
     Ok((len, metadata.permissions().mode() & 0o7777))
 }
 
+/// Chunks of the new image hashed and not yet taken, at most.
+const HASHED_QUEUE: usize = 16;
+
+/// Bytes of the new image hashed at a time.
+const HASHED_CHUNK: u64 = 4 << 20;
+
+/// One chunk of the new image, hashed: chunk `chunk` of [`HASHED_CHUNK`]
+/// bytes, its blocks in order.
+struct HashedChunk {
+    chunk: u64,
+    blocks: Vec<BlockInfo>,
+}
+
 /// Reads `source` once: each block's digest, length and whether it is
-/// zero, which is all deciding it needs. The blocks of each 8 MiB read are
-/// hashed on every core: on loopback or a fast link, hashing the new image
-/// is most of a delta onto an indexed target (BLAKE3 of 4 KiB blocks ran at
-/// 2.2 GB/s on one core here; docs/delta.md, "Hashes").
+/// zero, which is all deciding it needs, sent a chunk at a time, in the
+/// order hashed. Every core takes the next chunk, reads and hashes it: on
+/// loopback or a fast link, hashing the new image is most of a delta onto
+/// an indexed target (BLAKE3 of 4 KiB blocks ran at 2.2 GB/s on one core
+/// here; docs/delta.md, "Hashes"), and reading in the hashing threads
+/// overlaps the copy out of the page cache with hashing (docs/benchmarks.md,
+/// "Image updates").
 fn digest_image(
     source: &Path,
     block_size: BlockSize,
     len: u64,
     report: &Report,
-) -> io::Result<Vec<BlockInfo>> {
-    const READ: usize = 8 << 20;
-    let mut file = File::open(source)?;
-    let bs = block_size.bytes() as usize;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut buffer = vec![0u8; READ.max(bs)];
-    let mut blocks = Vec::with_capacity(block_size.blocks_in(len) as usize);
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(buffer.len() as u64) as usize;
-        file.read_exact(&mut buffer[..n]).map_err(|e| {
-            io::Error::new(e.kind(), format!("reading at byte {}: {e}", len - left))
-        })?;
-        let per_thread = n.div_ceil(bs).div_ceil(threads) * bs;
-        let parts: Vec<Vec<BlockInfo>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = buffer[..n]
-                .chunks(per_thread)
-                .map(|part| {
-                    scope.spawn(move || part.chunks(bs).map(BlockInfo::of).collect::<Vec<_>>())
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| handle.join().expect("hashing does not panic"))
-                .collect()
-        });
-        blocks.extend(parts.into_iter().flatten());
-        report.add(n as u64);
-        left -= n as u64;
-    }
-    Ok(blocks)
+    hashed: &mpsc::Sender<HashedChunk>,
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(source)?;
+    let bs = u64::from(block_size.bytes());
+    let chunk_len = HASHED_CHUNK.max(bs) / bs * bs;
+    let chunks = len.div_ceil(chunk_len);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(chunks.max(1) as usize);
+    let next_chunk = AtomicU64::new(0);
+    let hash_chunks = || -> io::Result<()> {
+        let mut buffer = vec![0u8; chunk_len as usize];
+        loop {
+            let chunk = next_chunk.fetch_add(1, Ordering::Relaxed);
+            if chunk >= chunks {
+                return Ok(());
+            }
+            let offset = chunk * chunk_len;
+            let n = (len - offset).min(chunk_len) as usize;
+            if let Err(e) = file.read_exact_at(&mut buffer[..n], offset) {
+                // The other threads stop at their next chunk.
+                next_chunk.store(chunks, Ordering::Relaxed);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("reading at byte {offset}: {e}"),
+                ));
+            }
+            let blocks = buffer[..n].chunks(bs as usize).map(BlockInfo::of).collect();
+            report.add(n as u64);
+            if hashed.blocking_send(HashedChunk { chunk, blocks }).is_err() {
+                // The delta ended.
+                next_chunk.store(chunks, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads).map(|_| scope.spawn(hash_chunks)).collect();
+        handles
+            .into_iter()
+            .try_for_each(|handle| handle.join().expect("hashing does not panic"))
+    })
 }
 
 /// The old image as this host has it (`--base`).

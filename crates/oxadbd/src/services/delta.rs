@@ -23,6 +23,7 @@ use oxadb_delta::{
 };
 use oxadb_transfer::{Attributes, Destination, Durability, Policy, Storage};
 
+use super::delta_copy::{kernel_copy, BackgroundCopy};
 use super::delta_index::{IndexKey, IndexStore};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -566,8 +567,7 @@ impl BlockStore for FileStore<'_> {
         Some(self.file)
     }
 
-    /// `copy_file_range`: the kernel copies (or, on btrfs and xfs, shares
-    /// the blocks), and the bytes never enter this process.
+    /// In the kernel ([`kernel_copy`]) where it can.
     fn copy_range_from(
         &mut self,
         source: &dyn BlockStore,
@@ -575,38 +575,10 @@ impl BlockStore for FileStore<'_> {
         to: u64,
         len: u64,
     ) -> io::Result<bool> {
-        let Some(source) = source.as_file() else {
-            return Ok(false);
-        };
-        let (mut from, mut to, mut left) = (from, to, len);
-        while left > 0 {
-            let chunk = left.min(1 << 30) as usize;
-            match rustix::fs::copy_file_range(
-                source,
-                Some(&mut from),
-                self.file,
-                Some(&mut to),
-                chunk,
-            ) {
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                Ok(n) => left -= n as u64,
-                // Not between these two: the caller copies through memory.
-                Err(error)
-                    if left == len
-                        && matches!(
-                            error,
-                            rustix::io::Errno::XDEV
-                                | rustix::io::Errno::INVAL
-                                | rustix::io::Errno::NOSYS
-                                | rustix::io::Errno::OPNOTSUPP
-                        ) =>
-                {
-                    return Ok(false)
-                }
-                Err(error) => return Err(error.into()),
-            }
+        match source.as_file() {
+            Some(source) => kernel_copy(source, from, self.file, to, len),
+            None => Ok(false),
         }
-        Ok(true)
     }
 
     fn write_zeros_at(&mut self, offset: u64, len: u64) -> io::Result<()> {
@@ -638,6 +610,8 @@ enum BuildError {
     Composition(#[from] oxadb_delta::CompositionError),
     #[error("{0}")]
     Protocol(String),
+    #[error("{0}")]
+    Copy(io::Error),
     #[error("the image built differs from the host's (its digest does not match): not installed")]
     DigestMismatch,
 }
@@ -660,6 +634,8 @@ struct Builder<'a> {
     composition: Composition,
     written: Vec<bool>,
     copies: Vec<Op>,
+    /// Beside an old file: its bytes copied into the new one meanwhile.
+    background: Option<BackgroundCopy>,
 }
 
 impl<'a> Builder<'a> {
@@ -670,7 +646,16 @@ impl<'a> Builder<'a> {
         old_len: u64,
         new_len: u64,
     ) -> Builder<'a> {
-        Builder::new(old, new, false, block_size, old_len, new_len)
+        let mut builder = Builder::new(old, new, false, block_size, old_len, new_len);
+        let clones = old.map(|old| (old.try_clone(), new.try_clone()));
+        builder.background =
+            match clones {
+                Some((Ok(old), Ok(new))) if old_len > 0 && new_len > 0 => Some(
+                    BackgroundCopy::start(old, new, block_size, old_len.min(new_len)),
+                ),
+                _ => None,
+            };
+        builder
     }
 
     fn in_place(
@@ -700,6 +685,7 @@ impl<'a> Builder<'a> {
             composition: Composition::beside(block_size, new_len),
             written: vec![false; block_size.blocks_in(new_len) as usize],
             copies: Vec::new(),
+            background: None,
         }
     }
 
@@ -771,14 +757,28 @@ impl<'a> Builder<'a> {
             };
             // An XOR's result is what the composition hashes.
             let op = resolve_xor(&mut checked_old, block_size, old_len, new_len, &op)?;
-            apply_beside_op(
-                &mut checked_old,
-                &mut new_store,
-                block_size,
-                old_len,
-                new_len,
-                &op,
-            )?;
+            let (start, count) = (op.start(), op.count(block_size));
+            match (&self.background, &op) {
+                (Some(background), Op::Copy { from, .. })
+                    if *from == start && background.covers(start, count) =>
+                {
+                    oxadb_delta::check(&op, block_size, old_len, new_len)?;
+                }
+                (background, _) => {
+                    if let Some(background) = background {
+                        // Old bytes the copy put there are no zeros.
+                        new_store.fresh = !background.claim(start, count);
+                    }
+                    apply_beside_op(
+                        &mut checked_old,
+                        &mut new_store,
+                        block_size,
+                        old_len,
+                        new_len,
+                        &op,
+                    )?;
+                }
+            }
             self.record(&op, old)
         }
     }
@@ -832,6 +832,9 @@ impl<'a> Builder<'a> {
             self.apply_copies(old)?;
             // What nothing wrote is the old image's.
             self.composition.keep_old(self.old_len, old);
+        }
+        if let Some(background) = self.background.take() {
+            background.finish().map_err(BuildError::Copy)?;
         }
         let (blocks, digest) = self.composition.finish()?;
         if digest != expected {

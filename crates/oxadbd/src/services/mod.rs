@@ -6,6 +6,7 @@
 //! way).
 pub mod command;
 pub mod delta;
+mod delta_copy;
 pub mod delta_index;
 pub mod device;
 pub mod forward;

@@ -218,3 +218,69 @@ pub(super) fn kernel_copy(
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: usize = 4096;
+
+    /// Whatever the interleaving, a block an operation claimed holds what
+    /// the operation wrote, every other block the old file's, and a claim
+    /// says when the copy may already have been there.
+    #[test]
+    fn claimed_blocks_keep_what_was_written_over_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocks = 3 * REGION_BLOCKS as usize + 7;
+        let old: Vec<u8> = (0..blocks * BLOCK)
+            .map(|i| (i / BLOCK) as u8 ^ 0x5a)
+            .collect();
+        let len = old.len() as u64 - 100;
+        std::fs::write(dir.path().join("old"), &old[..len as usize]).unwrap();
+        for trial in 0..20u64 {
+            let new_path = dir.path().join(format!("new{trial}"));
+            let new = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&new_path)
+                .unwrap();
+            new.set_len(len).unwrap();
+            let copy = BackgroundCopy::start(
+                File::open(dir.path().join("old")).unwrap(),
+                new.try_clone().unwrap(),
+                BlockSize::DEFAULT,
+                len,
+            );
+            assert!(copy.running());
+            let mut expected = old[..len as usize].to_vec();
+            // Spread over the regions, some before the copy reaches them
+            // and some after, depending on the trial's pace.
+            for (k, block) in (0..blocks as u64).step_by(97).enumerate() {
+                let zeros = k % 2 == 0;
+                let may_hold_old = copy.claim(block, 1);
+                let at = block as usize * BLOCK;
+                let end = (at + BLOCK).min(len as usize);
+                let data = if zeros {
+                    vec![0u8; end - at]
+                } else {
+                    vec![0xee; end - at]
+                };
+                if !zeros || may_hold_old {
+                    new.write_all_at(&data, at as u64).unwrap();
+                }
+                expected[at..end].copy_from_slice(&data);
+                assert!(!copy.covers(block, 1));
+                if trial % 3 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            copy.finish().unwrap();
+            assert!(
+                std::fs::read(&new_path).unwrap() == expected,
+                "trial {trial}"
+            );
+        }
+    }
+}

@@ -9,6 +9,10 @@
 //! operations the host sends claim their blocks first: the copy skips a
 //! claimed block, and a claimed block it already copied is simply written
 //! over, as a block is claimed and the copy done under one lock.
+//!
+//! The copy runs at a lower priority (nice 10) until the delta waits for
+//! it: it has the whole delta to finish, and on a small board the stream
+//! (TLS, decompression, writes) must not wait behind it for a core.
 
 use std::fs::File;
 use std::io;
@@ -30,6 +34,8 @@ struct State {
 pub struct BackgroundCopy {
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
+    /// Set when the delta waits for the copy: it takes its priority back.
+    waited_for: Arc<AtomicBool>,
     thread: Option<JoinHandle<io::Result<()>>>,
     /// Blocks the copy covers: those of the first `len` bytes.
     blocks: u64,
@@ -45,11 +51,20 @@ impl BackgroundCopy {
             copied_regions: 0,
         }));
         let stop = Arc::new(AtomicBool::new(false));
+        let waited_for = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (state, stop) = (state.clone(), stop.clone());
+            let (state, stop, waited_for) = (state.clone(), stop.clone(), waited_for.clone());
             std::thread::Builder::new()
                 .name("delta-copy".into())
-                .spawn(move || copy_regions(&old, &new, block_size, len, &state, &stop))
+                .spawn(move || {
+                    let copy = Copy {
+                        old: &old,
+                        new: &new,
+                        block_size,
+                        len,
+                    };
+                    copy.run(&state, &stop, &waited_for)
+                })
         };
         let thread = match thread {
             Ok(thread) => Some(thread),
@@ -61,6 +76,7 @@ impl BackgroundCopy {
         BackgroundCopy {
             state,
             stop,
+            waited_for,
             thread,
             blocks,
         }
@@ -102,6 +118,7 @@ impl BackgroundCopy {
 
     /// Waits for the copy to end.
     pub fn finish(mut self) -> io::Result<()> {
+        self.waited_for.store(true, Ordering::Relaxed);
         match self.thread.take() {
             Some(thread) => thread
                 .join()
@@ -121,50 +138,70 @@ impl Drop for BackgroundCopy {
     }
 }
 
-fn copy_regions(
-    old: &File,
-    new: &File,
+/// What the copy thread copies: the first `len` bytes of `old` into `new`.
+struct Copy<'a> {
+    old: &'a File,
+    new: &'a File,
     block_size: BlockSize,
     len: u64,
-    state: &Mutex<State>,
-    stop: &AtomicBool,
-) -> io::Result<()> {
-    let bs = u64::from(block_size.bytes());
-    let blocks = block_size.blocks_in(len);
-    let mut buffer = Vec::new();
-    for region in 0..blocks.div_ceil(REGION_BLOCKS) {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let first = region * REGION_BLOCKS;
-        let end = (first + REGION_BLOCKS).min(blocks);
-        // Held while the region is copied, so that a block claimed meanwhile
-        // is written after its old bytes, never under them.
-        let mut state = state
-            .lock()
-            .expect("the operations do not panic holding it");
-        let mut block = first;
-        while block < end {
-            if state.claimed[block as usize] {
-                block += 1;
-                continue;
+}
+
+/// The copy thread's nice value while the delta does not wait for it.
+const BACKGROUND_NICE: i32 = 10;
+
+impl Copy<'_> {
+    fn run(
+        &self,
+        state: &Mutex<State>,
+        stop: &AtomicBool,
+        waited_for: &AtomicBool,
+    ) -> io::Result<()> {
+        let this_thread = Some(rustix::thread::gettid());
+        // Best effort: a priority it cannot change costs time, not bytes.
+        let _ = rustix::process::setpriority_process(this_thread, BACKGROUND_NICE);
+        let mut lowered = true;
+        let bs = u64::from(self.block_size.bytes());
+        let blocks = self.block_size.blocks_in(self.len);
+        let mut buffer = Vec::new();
+        for region in 0..blocks.div_ceil(REGION_BLOCKS) {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
             }
-            let run_start = block;
-            while block < end && !state.claimed[block as usize] {
-                block += 1;
+            if lowered && waited_for.load(Ordering::Relaxed) {
+                // Back up needs CAP_SYS_NICE; without it, the copy stays low.
+                let _ = rustix::process::setpriority_process(this_thread, 0);
+                lowered = false;
             }
-            let offset = run_start * bs;
-            let bytes = (block * bs).min(len) - offset;
-            copy_range(old, new, offset, bytes, &mut buffer).map_err(|error| {
-                io::Error::new(
-                    error.kind(),
-                    format!("copying the old file's bytes at {offset}: {error}"),
-                )
-            })?;
+            let first = region * REGION_BLOCKS;
+            let end = (first + REGION_BLOCKS).min(blocks);
+            // Held while the region is copied, so that a block claimed
+            // meanwhile is written after its old bytes, never under them.
+            let mut state = state
+                .lock()
+                .expect("the operations do not panic holding it");
+            let mut block = first;
+            while block < end {
+                if state.claimed[block as usize] {
+                    block += 1;
+                    continue;
+                }
+                let run_start = block;
+                while block < end && !state.claimed[block as usize] {
+                    block += 1;
+                }
+                let offset = run_start * bs;
+                let bytes = (block * bs).min(self.len) - offset;
+                copy_range(self.old, self.new, offset, bytes, &mut buffer).map_err(|error| {
+                    io::Error::new(
+                        error.kind(),
+                        format!("copying the old file's bytes at {offset}: {error}"),
+                    )
+                })?;
+            }
+            state.copied_regions = region + 1;
         }
-        state.copied_regions = region + 1;
+        Ok(())
     }
-    Ok(())
 }
 
 /// Copies `len` bytes at `offset` of `old` to the same place in `new`:

@@ -22,7 +22,7 @@ use anyhow::{bail, ensure, Context, Result};
 use rand::{Rng, RngCore, SeedableRng};
 
 use crate::delta_peers::{self, SshKeys, Tools};
-use crate::delta_target::{DeviceTarget, LoopDevice};
+use crate::delta_target::{DeviceTarget, LoopDevice, XfsVolume};
 use crate::emulated::{ping_summary, run_bounded_cpu, Background};
 use crate::emulator::{self, Emulator, LinkParams, Side, DEVICE_ADDR, HOST_ADDR};
 use crate::{machine_description, median, parse_size, same_contents};
@@ -57,10 +57,12 @@ pub(crate) struct DeltaArgs {
     )]
     ways: Vec<String>,
     /// What the device's copy is, comma-separated: file (a regular file in
-    /// --workdir) and blockdev (a loop device over a file in --disk-dir,
+    /// --workdir), blockdev (a loop device over a file in --disk-dir,
     /// direct I/O, its cache dropped before each transfer: a board's
-    /// partition, not in memory).
-    #[arg(long, value_delimiter = ',', default_value = "file,blockdev")]
+    /// partition, not in memory) and xfs-file (a regular file on XFS with
+    /// reflinks, made on such a loop device, its pages dropped before each
+    /// transfer).
+    #[arg(long, value_delimiter = ',', default_value = "file,blockdev,xfs-file")]
     onto: Vec<String>,
     /// A directory on a disk for the block device's backing file.
     #[arg(long, default_value = "/var/tmp")]
@@ -288,19 +290,18 @@ pub(crate) fn delta(args: DeltaArgs) -> Result<()> {
         .filter(|w| !w.is_empty())
         .map(|w| Way::parse(w))
         .collect::<Result<_>>()?;
-    let onto_block_device: Vec<bool> = args
+    let onto: Vec<&str> = args
         .onto
         .iter()
         .filter(|o| !o.is_empty())
         .map(|o| match o.as_str() {
-            "file" => Ok(false),
-            "blockdev" => Ok(true),
+            "file" | "blockdev" | "xfs-file" => Ok(o.as_str()),
             _ => Err(anyhow::anyhow!(
-                "unknown target {o:?}: expected file or blockdev"
+                "unknown target {o:?}: expected file, blockdev or xfs-file"
             )),
         })
         .collect::<Result<_>>()?;
-    ensure!(!onto_block_device.is_empty(), "--onto is empty");
+    ensure!(!onto.is_empty(), "--onto is empty");
     ensure!(!links.is_empty(), "--links is empty");
     ensure!(!ways.is_empty(), "--ways is empty");
     if links.contains(&LinkKind::Emulated) {
@@ -378,11 +379,18 @@ pub(crate) fn delta(args: DeltaArgs) -> Result<()> {
     );
     print_tools(&ways, &tools, &files)?;
     for &kind in &links {
-        for &block_device in &onto_block_device {
-            let target = if block_device {
-                DeviceTarget::BlockDevice(LoopDevice::attach(&args.disk_dir, args.size)?)
-            } else {
-                DeviceTarget::File(files.target.clone())
+        for &name in &onto {
+            let target = match name {
+                "blockdev" => {
+                    DeviceTarget::BlockDevice(LoopDevice::attach(&args.disk_dir, args.size)?)
+                }
+                // Room for the image, the one built beside it and rsync's.
+                "xfs-file" => DeviceTarget::ReflinkFile(XfsVolume::make(
+                    &args.disk_dir,
+                    3 * args.size + (512 << 20),
+                    &files.dir.join("xfs"),
+                )?),
+                _ => DeviceTarget::File(files.target.clone()),
             };
             let link = Link {
                 kind,
@@ -436,10 +444,10 @@ pub(crate) fn delta(args: DeltaArgs) -> Result<()> {
 }
 
 fn target_name(target: &DeviceTarget) -> &'static str {
-    if target.is_block_device() {
-        "blockdev"
-    } else {
-        "file"
+    match target {
+        DeviceTarget::File(_) => "file",
+        DeviceTarget::BlockDevice(_) => "blockdev",
+        DeviceTarget::ReflinkFile(_) => "xfs-file",
     }
 }
 
@@ -453,6 +461,14 @@ fn target_description(target: &DeviceTarget, args: &DeltaArgs) -> String {
             "a block device, {} (a loop device with direct I/O over a file in {}, on disk; \
              its cache dropped before each transfer, as a partition the board has not read; \
              written in place; the whole push goes to a file all the same)",
+            target.path().display(),
+            args.disk_dir.display()
+        ),
+        DeviceTarget::ReflinkFile(_) => format!(
+            "a regular file on XFS with reflinks, {} (XFS made on a loop device with direct \
+             I/O over a file in {}, on disk; the file's pages dropped before each transfer; \
+             the delta builds the new one beside it, sharing the unchanged blocks, and \
+             renames it over)",
             target.path().display(),
             args.disk_dir.display()
         ),

@@ -1,11 +1,12 @@
 //! The device's copy of the image in the delta benchmark: a regular file
-//! (in the work directory, tmpfs by default) or a block device standing
-//! for a board's partition: a loop device over a file on disk, with direct
-//! I/O so that nothing of it stays in the page cache but its own pages,
-//! which are dropped before every transfer. A partition the board has not
-//! read since boot is not in memory either, and reading it is what a
-//! delta onto a target without an index pays for (docs/delta.md, "The
-//! device's index").
+//! (in the work directory, tmpfs by default), a block device standing for
+//! a board's partition: a loop device over a file on disk, with direct I/O
+//! so that nothing of it stays in the page cache but its own pages, which
+//! are dropped before every transfer, or a regular file on XFS (reflinks)
+//! made on such a loop device, its pages dropped too. A partition the
+//! board has not read since boot is not in memory either, and reading it
+//! is what a delta onto a target without an index pays for (docs/delta.md,
+//! "The device's index").
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -22,6 +23,9 @@ const BLKFLSBUF: libc::c_ulong = 0x1261;
 pub(crate) enum DeviceTarget {
     File(PathBuf),
     BlockDevice(LoopDevice),
+    /// A file on XFS, where `copy_file_range` shares blocks: a delta
+    /// rebuilds it beside itself without copying the unchanged ones.
+    ReflinkFile(XfsVolume),
 }
 
 impl DeviceTarget {
@@ -30,6 +34,7 @@ impl DeviceTarget {
         match self {
             DeviceTarget::File(path) => path.clone(),
             DeviceTarget::BlockDevice(device) => PathBuf::from(&device.node),
+            DeviceTarget::ReflinkFile(volume) => volume.file(),
         }
     }
 
@@ -54,6 +59,14 @@ impl DeviceTarget {
                 device.write(image)?;
                 device.drop_cache()
             }
+            DeviceTarget::ReflinkFile(volume) => {
+                let path = volume.file();
+                let _ = std::fs::remove_file(&path);
+                std::fs::copy(image, &path).with_context(|| {
+                    format!("copying {} to {}", image.display(), path.display())
+                })?;
+                volume.drop_cache()
+            }
         }
     }
 
@@ -63,7 +76,84 @@ impl DeviceTarget {
         match self {
             DeviceTarget::File(_) => Ok(()),
             DeviceTarget::BlockDevice(device) => device.drop_cache(),
+            DeviceTarget::ReflinkFile(volume) => volume.drop_cache(),
         }
+    }
+}
+
+/// An XFS file system with reflinks on a [`LoopDevice`], mounted in the
+/// work dir; unmounted on drop (and by the emulator's signal cleanup).
+pub(crate) struct XfsVolume {
+    mount: PathBuf,
+    // Dropped after the unmount: detached, its backing file removed.
+    _device: LoopDevice,
+}
+
+impl XfsVolume {
+    /// A volume of `size` bytes over a new file in `disk_dir`, mounted at
+    /// `mount` (made if missing).
+    pub(crate) fn make(disk_dir: &Path, size: u64, mount: &Path) -> Result<XfsVolume> {
+        let device = LoopDevice::attach(disk_dir, size)?;
+        let made = Command::new("mkfs.xfs")
+            .args(["-q", "-f", "-m", "reflink=1"])
+            .arg(&device.node)
+            .output()
+            .context("running mkfs.xfs (Debian's xfsprogs package)")?;
+        ensure!(
+            made.status.success(),
+            "mkfs.xfs {}: {}",
+            device.node,
+            String::from_utf8_lossy(&made.stderr)
+        );
+        std::fs::create_dir_all(mount)?;
+        let mounted = Command::new("mount")
+            .args(["-t", "xfs", "-o", "noatime"])
+            .arg(&device.node)
+            .arg(mount)
+            .output()
+            .context("running mount")?;
+        ensure!(
+            mounted.status.success(),
+            "mount {} on {}: {}",
+            device.node,
+            mount.display(),
+            String::from_utf8_lossy(&mounted.stderr)
+        );
+        emulator::register_mount(mount);
+        Ok(XfsVolume {
+            mount: mount.to_path_buf(),
+            _device: device,
+        })
+    }
+
+    fn file(&self) -> PathBuf {
+        self.mount.join("rootfs.img")
+    }
+
+    /// Writes the file back and drops its pages (`POSIX_FADV_DONTNEED`):
+    /// the next delta reads it from disk.
+    fn drop_cache(&self) -> Result<()> {
+        let path = self.file();
+        let Ok(file) = File::open(&path) else {
+            return Ok(());
+        };
+        file.sync_all()?;
+        // SAFETY: advice on a descriptor we own, over the whole file.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        ensure!(
+            rc == 0,
+            "posix_fadvise on {}: {}",
+            path.display(),
+            std::io::Error::from_raw_os_error(rc)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for XfsVolume {
+    fn drop(&mut self) {
+        emulator::unmount(&self.mount);
+        let _ = std::fs::remove_dir(&self.mount);
     }
 }
 

@@ -45,6 +45,8 @@ struct Registry {
     paths: Vec<PathBuf>,
     /// Loop devices a benchmark attached (`/dev/loopN`), detached first.
     loop_devices: Vec<String>,
+    /// File systems a benchmark mounted, unmounted before that.
+    mounts: Vec<PathBuf>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
@@ -53,6 +55,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     namespaces: Vec::new(),
     paths: Vec::new(),
     loop_devices: Vec::new(),
+    mounts: Vec::new(),
 });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -121,6 +124,9 @@ fn cleanup_everything() {
         kill_processes_in(name);
         delete_namespace(name, tap);
     }
+    for mount in registry.mounts.drain(..) {
+        let _ = Command::new("umount").arg(&mount).status();
+    }
     for device in registry.loop_devices.drain(..) {
         let _ = Command::new("losetup").arg("-d").arg(&device).status();
     }
@@ -148,6 +154,17 @@ pub fn register_loop_device(device: &str) {
 pub fn detach_loop_device(device: &str) {
     registry().loop_devices.retain(|d| d != device);
     let _ = Command::new("losetup").arg("-d").arg(device).status();
+}
+
+/// A mount point to unmount on a signal, before the loop devices go.
+pub fn register_mount(dir: &Path) {
+    registry().mounts.push(dir.to_path_buf());
+}
+
+/// Unmounts a registered mount point now.
+pub fn unmount(dir: &Path) {
+    registry().mounts.retain(|d| d != dir);
+    let _ = Command::new("umount").arg(dir).status();
 }
 
 /// Spawns `command` and registers the child so that a signal kills it. Refuses

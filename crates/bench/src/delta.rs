@@ -325,7 +325,12 @@ pub(crate) fn delta(args: DeltaArgs) -> Result<()> {
     emulator::register_path(&dir);
     let dir = Workdir(dir);
     let (rsync, bmaptool) = (ways.contains(&Way::Rsync), ways.contains(&Way::Bmaptool));
-    delta_peers::install_missing(rsync, bmaptool, &dir.0.join("apt.log"))?;
+    delta_peers::install_missing(
+        rsync,
+        bmaptool,
+        onto.contains(&"xfs-file"),
+        &dir.0.join("apt.log"),
+    )?;
     let tools = delta_peers::inspect(rsync, bmaptool, &dir.0)?;
 
     let files = Files {

@@ -55,12 +55,15 @@ fn sshd_pids() -> HashSet<u32> {
         .collect()
 }
 
-/// Installs what the rsync and bmaptool ways need when it is missing
+/// Installs what the rsync and bmaptool ways and the XFS target need when it is missing
 /// (`apt-get update` once, then `apt-get install -y`), failing loudly if
 /// that fails. An sshd that appears during the install was started by the
 /// package's scripts: it is stopped by pid and said so.
-pub(crate) fn install_missing(rsync: bool, bmaptool: bool, log: &Path) -> Result<()> {
+pub(crate) fn install_missing(rsync: bool, bmaptool: bool, xfs: bool, log: &Path) -> Result<()> {
     let mut packages = Vec::new();
+    if xfs && !on_path("mkfs.xfs") {
+        packages.push("xfsprogs");
+    }
     if rsync {
         if !Path::new(SSHD).exists() {
             packages.push("openssh-server");
@@ -110,6 +113,7 @@ pub(crate) fn install_missing(rsync: bool, bmaptool: bool, log: &Path) -> Result
         ("sshd", !rsync || Path::new(SSHD).exists()),
         ("rsync", !rsync || on_path("rsync")),
         ("bmaptool", !bmaptool || on_path("bmaptool")),
+        ("mkfs.xfs", !xfs || on_path("mkfs.xfs")),
     ] {
         ensure!(present, "{name} is still missing after apt-get install");
     }

@@ -374,7 +374,8 @@ fn digest_old(
     exchange: &mut Exchange,
     build: &mut Builder,
 ) -> Result<Vec<BlockDigest>, String> {
-    let mut digests = Vec::with_capacity(block_size.blocks_in(len) as usize);
+    let blocks = block_size.blocks_in(len);
+    let mut digests = Vec::with_capacity(blocks as usize);
     let mut failure = None;
     read_blocks(file, block_size, 0, len, |block| {
         digests.push(BlockDigest::of(block));
@@ -385,6 +386,12 @@ fn digest_old(
         // index grow while the rest is read.
         if (digests.len() as u64).is_multiple_of(REGION_BLOCKS * 64) {
             exchange.regions_sent = send_regions(link, &digests, exchange.regions_sent)?;
+        }
+        if digests.len() as u64 == blocks {
+            // Read to the end: the index is complete, and the host, which
+            // has every region digest, may send copies and END already,
+            // which only the loop after the index takes.
+            return Ok(());
         }
         if let Err(error) = serve_early(link, exchange, build, &digests) {
             failure = Some(error);

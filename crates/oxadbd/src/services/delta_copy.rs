@@ -57,7 +57,7 @@ impl BackgroundCopy {
             std::thread::Builder::new()
                 .name("delta-copy".into())
                 .spawn(move || {
-                    let copy = Copy {
+                    let copy = CopyJob {
                         old: &old,
                         new: &new,
                         block_size,
@@ -139,7 +139,7 @@ impl Drop for BackgroundCopy {
 }
 
 /// What the copy thread copies: the first `len` bytes of `old` into `new`.
-struct Copy<'a> {
+struct CopyJob<'a> {
     old: &'a File,
     new: &'a File,
     block_size: BlockSize,
@@ -149,7 +149,7 @@ struct Copy<'a> {
 /// The copy thread's nice value while the delta does not wait for it.
 const BACKGROUND_NICE: i32 = 10;
 
-impl Copy<'_> {
+impl CopyJob<'_> {
     fn run(
         &self,
         state: &Mutex<State>,

@@ -23,7 +23,10 @@ use crate::credit::{
 };
 use crate::send_queue::SendQueue;
 
+mod reverse_forwards;
 mod timers;
+
+use reverse_forwards::ReverseForwards;
 
 /// Logs a peer's misbehaviour that does not end the connection: at WARN the
 /// 1st, 2nd, 4th, 8th... time on a connection, at DEBUG otherwise, so that a
@@ -582,6 +585,9 @@ pub struct Connection {
     /// The peer has been online: the handshake's deadlines are over, even
     /// when a second CNXN asks the host to authenticate again.
     handshake_completed: bool,
+    /// Host role: the reverse forwards asked for, which are all the device
+    /// may open here (`reverse_forwards.rs`).
+    reverse_forwards: ReverseForwards,
 }
 
 impl Connection {
@@ -601,6 +607,7 @@ impl Connection {
             now_ns: 0,
             late_stls: false,
             handshake_completed: false,
+            reverse_forwards: ReverseForwards::default(),
         };
         if connection.config.role == Role::Host {
             // The host speaks first on every transport.
@@ -1144,6 +1151,17 @@ impl Connection {
                 .push_back(Packet::new(Command::Clse, 0, remote_id, Bytes::new()));
             return;
         };
+        if self.config.role == Role::Host && !self.reverse_forwards.permits(service) {
+            peer_warn!(
+                self,
+                remote_id,
+                %service,
+                "refusing the device's OPEN: no reverse forward of this connection goes to it"
+            );
+            self.control
+                .push_back(Packet::new(Command::Clse, 0, remote_id, Bytes::new()));
+            return;
+        }
         let service = service.to_string();
         if self.streams.len() >= self.config.max_streams {
             peer_warn!(self,
@@ -1366,6 +1384,9 @@ impl Connection {
     pub fn open(&mut self, service: &str) -> Result<StreamId, StreamError> {
         if !self.is_online() {
             return Err(StreamError::Offline);
+        }
+        if self.config.role == Role::Host {
+            self.reverse_forwards.note_opened(service);
         }
         let delayed = self.delayed_ack();
         let id = self.allocate_id();

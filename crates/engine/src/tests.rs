@@ -307,6 +307,9 @@ fn the_device_opens_streams_to_the_host() {
             config(Role::Device, delayed_ack),
         );
         let (host_shell, device_shell) = pair.open("shell:");
+        // The reverses that let the device open tcp:8080 and tcp:1 here.
+        pair.open("reverse:forward:tcp:9000;tcp:8080");
+        pair.open("reverse:forward:tcp:9001;tcp:1");
         let device_id = pair.device.open("tcp:8080").unwrap();
         pair.drive();
         let open = pair.to_host.last().unwrap();
@@ -378,6 +381,53 @@ fn the_device_opens_streams_to_the_host() {
         pair.drive();
         assert!(std::iter::from_fn(|| pair.device.poll_event())
             .any(|event| event == Event::Refused(refused)));
+    }
+}
+
+/// A device reaches nothing on the host but what a reverse forward of this
+/// connection names: any other OPEN is answered CLSE at once, no stream is
+/// made and the connection goes on (AOSP `adb.cpp` aborts the whole server).
+#[test]
+fn the_device_opens_only_what_a_reverse_asked_for() {
+    for delayed_ack in [false, true] {
+        let mut pair = Pair::new(
+            config(Role::Host, delayed_ack),
+            config(Role::Device, delayed_ack),
+        );
+        let refused_at_once = |pair: &mut Pair, service: &str| {
+            let id = pair.device.open(service).unwrap();
+            pair.drive();
+            assert_eq!(pair.host.poll_event(), None, "{service} reached the host");
+            assert_eq!(pair.device.poll_event(), Some(Event::Refused(id)));
+            assert_eq!(pair.to_host.last().unwrap().command, Command::Open);
+            assert_eq!(pair.to_device.last().unwrap().command, Command::Clse);
+        };
+        for service in [
+            "tcp:8080",
+            "localfilesystem:/run/docker.sock",
+            "localabstract:x",
+            "localreserved:x",
+            "jdwp:1",
+            "shell:",
+        ] {
+            refused_at_once(&mut pair, service);
+        }
+        pair.open("reverse:forward:tcp:9000;tcp:8080");
+        // The device-side spec is no host spec.
+        refused_at_once(&mut pair, "tcp:9000");
+        pair.device.open("tcp:8080").unwrap();
+        pair.drive();
+        assert!(matches!(
+            pair.host.poll_event(),
+            Some(Event::OpenRequest { service, .. }) if service == "tcp:8080"
+        ));
+        pair.open("reverse:killforward:tcp:9000");
+        refused_at_once(&mut pair, "tcp:8080");
+        // Still online, and the host's own streams still work.
+        let (host_id, device_id) = pair.open("shell:");
+        pair.device.write(device_id, b"alive").unwrap();
+        pair.drive();
+        assert_eq!(read_all(&mut pair.host, host_id), b"alive");
     }
 }
 

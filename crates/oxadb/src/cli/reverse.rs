@@ -93,14 +93,10 @@ pub async fn reverse(device: &Device, args: &ReverseArgs) -> anyhow::Result<i32>
                 device.serial()
             );
         };
+        // Only LOCAL comes here: the connection refuses, at once, any other
+        // stream the device opens (no reverse of it names that service;
+        // oxadb-engine `reverse_forwards.rs`).
         let service = incoming.service().to_string();
-        if service != *local {
-            // Only what we asked for may reach this machine's sockets (adb's
-            // server checks the same, transport.cpp IsReverseConfigured).
-            eprintln!("oxadb: reverse: refusing the device's stream to {service:?}: not {local}");
-            incoming.refuse();
-            continue;
-        }
         let host_end = host_end.clone();
         tokio::spawn(async move {
             // Connect first: a refused OPEN closes the device-side connection.

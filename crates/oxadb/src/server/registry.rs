@@ -629,8 +629,10 @@ fn vsock_serial(address: &str) -> Result<String, String> {
     Ok(format!("vsock:{cid}:{port}"))
 }
 
-/// A stream the device opened (`adb reverse`): connected to the host end
-/// it names on this machine, as adb's server does, or refused.
+/// A stream the device opened for a reverse forward asked for on this
+/// transport (`adb reverse`; the connection refuses every other at once,
+/// oxadb-engine `reverse_forwards.rs`): connected to the host end it names
+/// on this machine, as adb's server does, or refused.
 async fn serve_reverse(incoming: oxadb_io::Incoming) {
     let end = match HostEnd::parse(incoming.service()) {
         Ok(end) => end,

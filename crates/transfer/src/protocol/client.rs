@@ -75,7 +75,29 @@ enum Expect {
         remote: String,
     },
     /// A pull's `DATA` frames and `DONE`, or its `FAIL`.
-    Recv,
+    Recv {
+        path: Vec<u8>,
+    },
+}
+
+impl Expect {
+    /// The reply, in words for a message about waiting for it.
+    fn describe(&self) -> String {
+        let show = |path: &[u8]| String::from_utf8_lossy(path).into_owned();
+        match self {
+            Expect::Stat { kind, path } => {
+                format!("to the {} of '{}'", wire::id_name(kind.id()), show(path))
+            }
+            Expect::StatFollow { path, .. } => format!("to the STAT of '{}'", show(path)),
+            Expect::List { path, .. } => format!("to the listing of '{}'", show(path)),
+            Expect::Ack { local, remote } => {
+                format!("to the push of '{local}' to '{remote}' (OKAY or FAIL)")
+            }
+            Expect::Recv { path } => {
+                format!("to the pull of '{}' (DATA, DONE or FAIL)", show(path))
+            }
+        }
+    }
 }
 
 /// A reply, or a piece of one.
@@ -148,6 +170,7 @@ fn too_long(path: &[u8], error: SyncFrameError) -> RequestError {
 /// ([`Client::start_pull`]).
 #[derive(Debug)]
 pub struct PullTicket {
+    path: Vec<u8>,
     request: Option<Vec<u8>>,
     compression: Compression,
 }
@@ -243,6 +266,12 @@ impl Client {
     /// Whether a reply is still owed.
     pub fn awaits_reply(&self) -> bool {
         !self.expected.is_empty()
+    }
+
+    /// The oldest reply owed, in words (`to the RECV of '/x'`), for an
+    /// adapter that gave up waiting for it.
+    pub fn awaited(&self) -> Option<String> {
+        self.expected.front().map(Expect::describe)
     }
 
     fn usable(&self) -> Result<(), RequestError> {
@@ -418,7 +447,9 @@ impl Client {
             kind: StatKind::StatV2,
             path: remote.to_vec(),
         });
-        self.expected.push_back(Expect::Recv);
+        self.expected.push_back(Expect::Recv {
+            path: remote.to_vec(),
+        });
         self.recv_ahead = Some(remote.to_vec());
         Ok(())
     }
@@ -447,10 +478,12 @@ impl Client {
         let compression = recv.unwrap_or(Compression::None);
         match self.recv_ahead.take() {
             None => Ok(PullTicket {
+                path: remote.to_vec(),
                 request: Some(request),
                 compression,
             }),
             Some(ahead) if ahead == remote => Ok(PullTicket {
+                path: ahead,
                 request: None,
                 compression,
             }),
@@ -471,7 +504,7 @@ impl Client {
     pub fn send_pull(&mut self, ticket: PullTicket) {
         if let Some(request) = ticket.request {
             self.outbox.bytes(&request);
-            self.expected.push_back(Expect::Recv);
+            self.expected.push_back(Expect::Recv { path: ticket.path });
         }
     }
 
@@ -589,7 +622,7 @@ impl Client {
                     Ok(None) => Ok(None),
                     Err(e) => Err(e),
                 },
-                Expect::Recv => match read_pull(&mut self.inbox, &mut self.data_left) {
+                Expect::Recv { .. } => match read_pull(&mut self.inbox, &mut self.data_left) {
                     Ok(Some(PullItem::Data(piece))) => Ok(Some(ClientEvent::Data(piece))),
                     Ok(Some(PullItem::Done)) => {
                         self.expected.pop_front();

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use oxadb_wire::sync::{self as wire, Compression, SyncFrameError, SyncRequest, HEADER_LEN};
 
+use super::send::read_fail;
 use crate::Inbox;
 
 /// A pull's request: `RCV2` and its setup frame with `compression`
@@ -70,19 +71,7 @@ pub(super) fn read_pull(
                 inbox.consume(HEADER_LEN);
                 return Ok(Some(PullItem::Done));
             }
-            wire::ID_FAIL => {
-                // A reason longer than a DATA payload is cut there (the
-                // service ends after a FAIL anyway).
-                let len = (header.len as usize).min(wire::SYNC_DATA_MAX);
-                if inbox.len() < HEADER_LEN + len {
-                    return Ok(None);
-                }
-                inbox.consume(HEADER_LEN);
-                let message = inbox.take_vec(len);
-                return Ok(Some(PullItem::Failed(
-                    String::from_utf8_lossy(&message).into_owned(),
-                )));
-            }
+            wire::ID_FAIL => return Ok(read_fail(inbox, header.len)?.map(PullItem::Failed)),
             other => {
                 return Err(format!(
                     "expected DATA, DONE or FAIL, got {}",

@@ -43,6 +43,25 @@ pub(super) fn push_request(
     }
 }
 
+/// The reason of a `FAIL` whose header was peeked, once all of it arrived;
+/// a length over a `DATA` payload's is an error at once, never waited for
+/// (adb's `file_sync_client.cpp` refuses it on pushes; a device that
+/// announces 4 GiB and goes quiet must not hang a pull either).
+pub(super) fn read_fail(inbox: &mut Inbox, announced: u32) -> Result<Option<String>, String> {
+    let len = announced as usize;
+    if len > SYNC_DATA_MAX {
+        return Err(format!(
+            "FAIL message of {len} bytes (the limit is {SYNC_DATA_MAX})"
+        ));
+    }
+    if inbox.len() < HEADER_LEN + len {
+        return Ok(None);
+    }
+    inbox.consume(HEADER_LEN);
+    let message = inbox.take_vec(len);
+    Ok(Some(String::from_utf8_lossy(&message).into_owned()))
+}
+
 /// The device's answer to a finished push.
 pub(super) enum Ack {
     Okay,
@@ -63,20 +82,7 @@ pub(super) fn read_ack(inbox: &mut Inbox) -> Result<Option<Ack>, String> {
             }
             Ok(Some(Ack::Okay))
         }
-        wire::ID_FAIL => {
-            let len = header.len as usize;
-            if len > SYNC_DATA_MAX {
-                return Err(format!("FAIL message of {len} bytes"));
-            }
-            if inbox.len() < HEADER_LEN + len {
-                return Ok(None);
-            }
-            inbox.consume(HEADER_LEN);
-            let message = inbox.take_vec(len);
-            Ok(Some(Ack::Failed(
-                String::from_utf8_lossy(&message).into_owned(),
-            )))
-        }
+        wire::ID_FAIL => Ok(read_fail(inbox, header.len)?.map(Ack::Failed)),
         other => Err(format!(
             "unexpected response to a push: {}",
             wire::id_name(other)

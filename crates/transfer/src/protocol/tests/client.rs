@@ -53,7 +53,15 @@ fn replies_to_something_else_are_protocol_errors_that_end_the_session() {
             V2,
             push,
             header(wire::ID_FAIL, SYNC_DATA_MAX as u32 + 1).to_vec(),
-            "FAIL message of 65537 bytes",
+            "FAIL message of 65537 bytes (the limit is 65536)",
+        ),
+        (
+            V2,
+            pull,
+            // What a device that then goes quiet sends: refused at its
+            // header, not waited for.
+            [&header(wire::ID_FAIL, u32::MAX)[..], b"short"].concat(),
+            "FAIL message of 4294967295 bytes (the limit is 65536)",
         ),
         (
             V2,

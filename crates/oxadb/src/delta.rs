@@ -565,8 +565,10 @@ fn encoded(message: &Message) -> Bytes {
     out.freeze()
 }
 
+/// The device broke the delta protocol; the caller names the device and
+/// the destination ([`crate::cli`]'s context).
 fn protocol(message: String) -> Error {
-    Error::Protocol(format!("oxadb-delta: {message}"))
+    Error::protocol("delta stream", "oxadb-delta", message)
 }
 
 fn stream_error(cause: io::Error) -> Error {

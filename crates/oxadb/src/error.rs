@@ -25,6 +25,25 @@ pub enum Error {
     ConnectionLost { addr: String, reason: String },
     #[error("{addr}: device refused service {service:?}")]
     ServiceRefused { addr: String, service: String },
+    /// The device neither accepted nor refused an OPEN in time
+    /// ([`crate::ConnectOptions::open_timeout`]).
+    #[error("{addr}: no answer to the OPEN of service {service:?} within {seconds} s")]
+    OpenTimeout {
+        addr: String,
+        service: String,
+        seconds: f64,
+    },
+    /// A sync session waited for a reply the device owed with nothing
+    /// arriving ([`crate::ConnectOptions::reply_timeout`]).
+    #[error(
+        "{addr}: no reply {waiting_for} within {seconds} s (the device's sync service stalled)"
+    )]
+    ReplyTimeout {
+        addr: String,
+        /// What was owed, e.g. `to the RECV of '/var/log/x'`.
+        waiting_for: String,
+        seconds: f64,
+    },
     /// The device answered a `reverse:` request with FAIL: its message (adb's words).
     #[error("{request}: {message}")]
     Reverse { request: String, message: String },
@@ -46,8 +65,15 @@ pub enum Error {
     Local { path: PathBuf, message: String },
     #[error("remote {path:?}: {message}")]
     Remote { path: String, message: String },
-    #[error("sync protocol: {0}")]
-    Protocol(String),
+    /// The device broke one of adb's protocols (`protocol`: sync, shell,
+    /// reverse, oxadb-delta) on the stream `context` names (the device, and
+    /// the path where there is one): that stream can't be read on.
+    #[error("{context}: {protocol} protocol: {message}")]
+    Protocol {
+        context: String,
+        protocol: &'static str,
+        message: String,
+    },
     #[error("listing USB devices: {0}")]
     UsbList(nusb::Error),
     #[error("{device}: {message}")]
@@ -84,6 +110,20 @@ impl Error {
         match text.find(" (os error") {
             Some(at) => text[..at].to_string(),
             None => text,
+        }
+    }
+
+    /// The device broke `protocol` on the stream `context` names, as
+    /// `message` says.
+    pub(crate) fn protocol(
+        context: impl Into<String>,
+        protocol: &'static str,
+        message: impl Into<String>,
+    ) -> Error {
+        Error::Protocol {
+            context: context.into(),
+            protocol,
+            message: message.into(),
         }
     }
 

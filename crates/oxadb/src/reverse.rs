@@ -49,7 +49,7 @@ impl Device {
         }
         let port = protocol_string(&rest)
             .and_then(|text| text.parse::<u16>().ok())
-            .ok_or_else(|| reply_error(&request.to_string(), &rest))?;
+            .ok_or_else(|| reply_error(self.serial(), &request.to_string(), &rest))?;
         Ok(Some(port))
     }
 
@@ -57,8 +57,8 @@ impl Device {
     pub async fn reverse_list(&self) -> Result<Vec<ReverseEntry>> {
         let request = DeviceService::Reverse(ForwardRequest::List);
         let reply = self.reverse_reply(&request).await?;
-        let text =
-            protocol_string(&reply).ok_or_else(|| reply_error(&request.to_string(), &reply))?;
+        let text = protocol_string(&reply)
+            .ok_or_else(|| reply_error(self.serial(), &request.to_string(), &reply))?;
         Ok(text
             .lines()
             .filter_map(|line| {
@@ -101,7 +101,7 @@ impl Device {
         let reply = self.reverse_reply(request).await?;
         match reply.strip_prefix(b"OKAY") {
             Some(rest) => Ok(rest.to_vec()),
-            None => Err(reply_error(&request.to_string(), &reply)),
+            None => Err(reply_error(self.serial(), &request.to_string(), &reply)),
         }
     }
 
@@ -127,16 +127,20 @@ fn protocol_string(bytes: &[u8]) -> Option<String> {
 }
 
 /// `FAIL` and its message, or a reply that makes no sense.
-fn reply_error(request: &str, reply: &[u8]) -> Error {
+fn reply_error(serial: &str, request: &str, reply: &[u8]) -> Error {
     match reply.strip_prefix(b"FAIL").and_then(protocol_string) {
         Some(message) => Error::Reverse {
             request: request.to_string(),
             message,
         },
-        None => Error::Protocol(format!(
-            "unexpected reply to {request}: {:?}",
-            String::from_utf8_lossy(&reply[..reply.len().min(64)])
-        )),
+        None => Error::protocol(
+            serial,
+            "reverse",
+            format!(
+                "unexpected reply to {request}: {:?}",
+                String::from_utf8_lossy(&reply[..reply.len().min(64)])
+            ),
+        ),
     }
 }
 
@@ -209,9 +213,12 @@ mod tests {
         assert_eq!(protocol_string(b"000512345"), Some("12345".into()));
         assert_eq!(protocol_string(b"0000"), Some(String::new()));
         assert_eq!(protocol_string(b"0009short"), None);
-        let error = reply_error("r", b"FAIL001dcannot rebind existing socket");
+        let error = reply_error("d", "r", b"FAIL001dcannot rebind existing socket");
         assert_eq!(error.to_string(), "r: cannot rebind existing socket");
-        assert!(matches!(reply_error("r", b"WHAT"), Error::Protocol(_)));
+        assert!(matches!(
+            reply_error("d", "r", b"WHAT"),
+            Error::Protocol { .. }
+        ));
     }
 
     #[test]

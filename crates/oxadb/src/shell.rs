@@ -201,7 +201,7 @@ impl ShellWriter {
         let result = if self.protocol_v2 {
             let mut frame = BytesMut::with_capacity(data.len() + 5);
             encode_frame(FrameId::Stdin, data, &mut frame)
-                .map_err(|e| Error::Protocol(e.to_string()))?;
+                .map_err(|e| Error::protocol(self.label.clone(), "shell", e.to_string()))?;
             self.writer.write_all(&frame).await
         } else {
             self.writer.write_all(data).await
@@ -214,7 +214,7 @@ impl ShellWriter {
         if self.protocol_v2 {
             let mut frame = BytesMut::new();
             encode_frame(FrameId::CloseStdin, &[], &mut frame)
-                .map_err(|e| Error::Protocol(e.to_string()))?;
+                .map_err(|e| Error::protocol(self.label.clone(), "shell", e.to_string()))?;
             self.writer
                 .write_all(&frame)
                 .await
@@ -237,7 +237,7 @@ impl ShellWriter {
         let payload = format!("{rows}x{cols},{x_pixels}x{y_pixels}\0");
         let mut frame = BytesMut::new();
         encode_frame(FrameId::WindowSizeChange, payload.as_bytes(), &mut frame)
-            .map_err(|e| Error::Protocol(e.to_string()))?;
+            .map_err(|e| Error::protocol(self.label.clone(), "shell", e.to_string()))?;
         self.writer
             .write_all(&frame)
             .await
@@ -255,6 +255,11 @@ impl ShellReader {
         Error::io(self.label.clone(), error)
     }
 
+    /// The device broke shell protocol v2 on this session's stream.
+    fn protocol_error(&self, message: String) -> Error {
+        Error::protocol(self.label.clone(), "shell", message)
+    }
+
     /// The next piece of output; `None` once the command finished and the
     /// stream closed.
     pub async fn next_event(&mut self) -> Result<Option<ShellEvent>> {
@@ -265,15 +270,23 @@ impl ShellReader {
                         FrameId::Stdout => return Ok(Some(ShellEvent::Stdout(frame.payload))),
                         FrameId::Stderr => return Ok(Some(ShellEvent::Stderr(frame.payload))),
                         FrameId::Exit => {
+                            // adbd sends the status as one byte; any other
+                            // length is no status to report (adb reads the
+                            // first byte, even of an empty frame).
+                            let [code] = frame.payload[..] else {
+                                return Err(self.protocol_error(format!(
+                                    "exit packet of {} bytes (an exit status is 1 byte)",
+                                    frame.payload.len()
+                                )));
+                            };
                             self.exited = true;
-                            let code = frame.payload.first().copied().unwrap_or(0);
                             return Ok(Some(ShellEvent::Exit(i32::from(code))));
                         }
                         // Other ids from a device are ignored, as adb does.
                         _ => continue,
                     },
                     Ok(None) => {}
-                    Err(error) => return Err(Error::Protocol(format!("{}: {error}", self.label))),
+                    Err(error) => return Err(self.protocol_error(error.to_string())),
                 }
             }
             if self.finished {

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use oxadb::delta::{push_delta, DeltaOptions, DeltaProgress, DeltaSummary, Phase, SERVICE};
 use oxadb_delta::wire::Target;
@@ -58,7 +59,13 @@ pub async fn push(device: &Endpoint, args: &PushArgs) -> anyhow::Result<()> {
         bar.abort();
         let _ = bar.await;
     }
-    let summary = result?;
+    let summary = result.with_context(|| {
+        format!(
+            "{}: delta push of {} onto {destination}",
+            device.serial(),
+            source.display()
+        )
+    })?;
     if !args.quiet {
         print_summary(&source.display().to_string(), &destination, &summary);
     }

@@ -3,6 +3,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use oxadb_engine::{AuthReply, Config, MemoryBudget, Role};
 use oxadb_io::{AdbStream, Auth, Connection, Peer};
 use oxadb_wire::service::DeviceService;
@@ -44,7 +46,25 @@ pub struct ConnectOptions {
     /// (plaintext TCP; docs/architecture.md, "Zero-copy transfers"). Off by
     /// default; the `oxadb` command turns it on unless told otherwise.
     pub zero_copy: bool,
+    /// How long the device may take to answer an OPEN (OKAY or CLSE)
+    /// before the open fails; `None`: for ever, as adb.
+    pub open_timeout: Option<Duration>,
+    /// How long a sync session waits with nothing arriving while the
+    /// device owes it a reply (a stat, a listing, a pull's data, a push's
+    /// OKAY after its last flush); `None`: for ever, as adb.
+    pub reply_timeout: Option<Duration>,
 }
+
+/// [`ConnectOptions::open_timeout`]'s default: adbd answers an OPEN once
+/// the service exists (a forked shell at worst), in milliseconds; Google's
+/// adb waits for ever.
+pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`ConnectOptions::reply_timeout`]'s default, the daemon's limit for a
+/// stream stalled by its host (docs/security.md, "Limits"): long enough for
+/// the fsync that ends a large push onto slow flash; Google's adb waits for
+/// ever.
+pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Default for ConnectOptions {
     fn default() -> Self {
@@ -61,6 +81,8 @@ impl Default for ConnectOptions {
             ack_headroom: true,
             peer_timeout: Some(oxadb_io::DEFAULT_PEER_TIMEOUT),
             zero_copy: false,
+            open_timeout: Some(DEFAULT_OPEN_TIMEOUT),
+            reply_timeout: Some(DEFAULT_REPLY_TIMEOUT),
         }
     }
 }
@@ -73,6 +95,10 @@ pub struct Device {
     usb: Option<UsbDeviceInfo>,
     /// [`ConnectOptions::zero_copy`], for this device's sync sessions.
     zero_copy: bool,
+    /// [`ConnectOptions::open_timeout`].
+    open_timeout: Option<Duration>,
+    /// [`ConnectOptions::reply_timeout`], for this device's sync sessions.
+    reply_timeout: Option<Duration>,
 }
 
 /// What a brief connection tells of a device (`oxadb devices`).
@@ -225,14 +251,14 @@ impl Device {
                 let (reader, seen) = FirstBytes::new(reader);
                 let (connection, run) =
                     Connection::start_engine(reader, sink, engine, started, label, auth);
-                tokio::spawn(run);
+                spawn_connection(run, &serial);
                 (connection, Some(seen))
             }
             tls @ oxadb_io::tls::TcpTransport::Tls { .. } => {
                 tracing::debug!(device = %serial, "TLS 1.3 established");
                 let (connection, run) = Connection::start_tcp(tls, engine, started, label, auth)
                     .map_err(connect_error)?;
-                tokio::spawn(run);
+                spawn_connection(run, &serial);
                 (connection, None)
             }
         };
@@ -271,7 +297,7 @@ impl Device {
             serial.clone(),
             auth,
         );
-        tokio::spawn(run);
+        spawn_connection(run, &serial);
         handshake(
             connection,
             serial,
@@ -324,7 +350,7 @@ impl Device {
         let config = host_config(options);
         let (auth, keys) = host_auth(options);
         let (connection, run) = Connection::start(reader, sink, config, device.label(), auth);
-        tokio::spawn(run);
+        spawn_connection(run, &device.serial);
         handshake(
             connection,
             device.serial.clone(),
@@ -383,6 +409,12 @@ impl Device {
         self.zero_copy
     }
 
+    /// How long this device's sync sessions wait for a reply with nothing
+    /// arriving ([`ConnectOptions::reply_timeout`]).
+    pub fn reply_timeout(&self) -> Option<Duration> {
+        self.reply_timeout
+    }
+
     pub fn has_feature(&self, name: &str) -> bool {
         self.peer.banner.has_feature(name)
     }
@@ -405,19 +437,30 @@ impl Device {
     /// Opens a stream to a service named in text as given, unchecked
     /// (`oxadb raw SERVICE`: what a user typed goes to the device as is).
     pub async fn open_text(&self, service: &str) -> Result<AdbStream> {
-        self.connection
-            .open(service)
-            .await
-            .map_err(|error| match error.kind() {
-                std::io::ErrorKind::ConnectionRefused => Error::ServiceRefused {
-                    addr: self.serial.clone(),
-                    service: service.to_string(),
-                },
-                _ => Error::ConnectionLost {
-                    addr: self.serial.clone(),
-                    reason: error.to_string(),
-                },
-            })
+        let open = self.connection.open(service);
+        let opened = match self.open_timeout {
+            // Dropping the unanswered open closes its stream (CLSE).
+            Some(limit) => {
+                tokio::time::timeout(limit, open)
+                    .await
+                    .map_err(|_| Error::OpenTimeout {
+                        addr: self.serial.clone(),
+                        service: service.to_string(),
+                        seconds: limit.as_secs_f64(),
+                    })?
+            }
+            None => open.await,
+        };
+        opened.map_err(|error| match error.kind() {
+            std::io::ErrorKind::ConnectionRefused => Error::ServiceRefused {
+                addr: self.serial.clone(),
+                service: service.to_string(),
+            },
+            _ => Error::ConnectionLost {
+                addr: self.serial.clone(),
+                reason: error.to_string(),
+            },
+        })
     }
 
     pub(crate) fn connection(&self) -> &Connection {
@@ -445,6 +488,16 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.connection.close();
     }
+}
+
+/// Runs a device's connection in a span that names the device, so that
+/// what the engine logs of it (an OPEN refused because no reverse forward
+/// names it, a packet out of place) says which device it was.
+fn spawn_connection<F>(run: F, serial: &str)
+where
+    F: std::future::Future<Output = oxadb_io::ConnectionError> + Send + 'static,
+{
+    tokio::spawn(run.instrument(tracing::warn_span!("device", serial = %serial)));
 }
 
 /// The engine configuration of a host connection, from `options`.
@@ -621,6 +674,8 @@ async fn handshake(
         serial,
         usb,
         zero_copy: options.zero_copy,
+        open_timeout: options.open_timeout,
+        reply_timeout: options.reply_timeout,
     })
 }
 

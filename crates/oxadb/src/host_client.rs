@@ -204,6 +204,9 @@ pub struct ServerDevice {
     selector: Selector,
     serial: String,
     features: Vec<String>,
+    /// How long its sync sessions wait for a reply with nothing arriving
+    /// ([`crate::ConnectOptions::reply_timeout`]).
+    reply_timeout: Option<std::time::Duration>,
 }
 
 impl ServerDevice {
@@ -222,7 +225,20 @@ impl ServerDevice {
                 .filter(|f| !f.is_empty())
                 .map(str::to_string)
                 .collect(),
+            reply_timeout: Some(crate::device::DEFAULT_REPLY_TIMEOUT),
         })
+    }
+
+    /// Its sync sessions wait at most `limit` for a reply with nothing
+    /// arriving (`None`: for ever).
+    pub fn with_reply_timeout(mut self, limit: Option<std::time::Duration>) -> ServerDevice {
+        self.reply_timeout = limit;
+        self
+    }
+
+    /// How long its sync sessions wait for a reply with nothing arriving.
+    pub fn reply_timeout(&self) -> Option<std::time::Duration> {
+        self.reply_timeout
     }
 
     pub fn server(&self) -> HostServer {

@@ -381,7 +381,7 @@ async fn run(args: Args) -> anyhow::Result<i32> {
     );
     if !direct_only {
         if let Some(server) = args.server.running_server().await? {
-            return through_server(&args, &server, settings.durability).await;
+            return through_server(&args, &server, &settings).await;
         }
     }
     if args.server.selects_through_server() {
@@ -400,7 +400,7 @@ async fn run(args: Args) -> anyhow::Result<i32> {
 async fn through_server(
     args: &Args,
     server: &oxadb::host_client::HostServer,
-    durability: oxadb_transfer::Durability,
+    settings: &cli::settings::Settings,
 ) -> anyhow::Result<i32> {
     use cli::through_server as via;
     let selector = args.server.selector(args.serial.as_deref());
@@ -428,12 +428,14 @@ async fn through_server(
         Command::Forward(forward) => return via::forward(server, &selector, forward).await,
         _ => {}
     }
-    let device = oxadb::host_client::ServerDevice::select(*server, selector).await?;
+    let device = oxadb::host_client::ServerDevice::select(*server, selector)
+        .await?
+        .with_reply_timeout(settings.connect.reply_timeout);
     if let Command::Reverse(reverse) = &args.command {
         return via::reverse(&device, reverse).await;
     }
     let endpoint = cli::endpoint::Endpoint::Server(device);
-    match on_device(&endpoint, &args.command, durability).await? {
+    match on_device(&endpoint, &args.command, settings.durability).await? {
         Some(code) => Ok(code),
         None => unreachable!("every other command is answered above"),
     }

@@ -5,6 +5,7 @@
 //! pulls store their files.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use oxadb::{ConnectOptions, CreditMode};
 use oxadb_transfer::Durability;
@@ -58,6 +59,26 @@ pub struct Tuning {
     /// "lost the connection"; 0 leaves the kernel's defaults [default: 30].
     #[arg(long, value_name = "SECS", env = "OXADB_PEER_TIMEOUT", help_heading = TUNING)]
     pub peer_timeout: Option<u64>,
+    /// Seconds the device may take to accept or refuse a stream (a shell, a
+    /// sync session, a forwarded connection) before the command fails; 0
+    /// waits for ever, as adb [default: 30].
+    #[arg(long, value_name = "SECS", env = "OXADB_OPEN_TIMEOUT", help_heading = TUNING)]
+    pub open_timeout: Option<u64>,
+    /// Seconds a push or pull waits with nothing from the device while it
+    /// owes a reply (a stat, file data, the OKAY after a push's last flush),
+    /// or takes none of the data sent, before it fails; 0 waits for ever,
+    /// as adb [default: 300].
+    #[arg(long, value_name = "SECS", env = "OXADB_REPLY_TIMEOUT", help_heading = TUNING)]
+    pub reply_timeout: Option<u64>,
+}
+
+/// `SECS` of a timeout flag: 0 is no limit, none given is `default`.
+fn limit(secs: Option<u64>, default: Option<Duration>) -> Option<Duration> {
+    match secs {
+        Some(0) => None,
+        Some(secs) => Some(Duration::from_secs(secs)),
+        None => default,
+    }
 }
 
 /// What the command reads from its environment, besides what clap reads
@@ -115,6 +136,14 @@ impl Settings {
             // copying push on loopback, less CPU on any link
             // (docs/benchmarks.md, "Zero-copy sends").
             zero_copy: !tuning.no_zero_copy && (tuning.zero_copy || env.zero_copy.unwrap_or(true)),
+            open_timeout: limit(
+                tuning.open_timeout,
+                Some(oxadb::device::DEFAULT_OPEN_TIMEOUT),
+            ),
+            reply_timeout: limit(
+                tuning.reply_timeout,
+                Some(oxadb::device::DEFAULT_REPLY_TIMEOUT),
+            ),
             ..ConnectOptions::default()
         };
         Settings {
@@ -190,10 +219,17 @@ mod tests {
             Some(oxadb_io::DEFAULT_PEER_TIMEOUT.timeout())
         );
         assert!(defaults.connect.ack_headroom);
+        assert_eq!(defaults.connect.open_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(
+            defaults.connect.reply_timeout,
+            Some(Duration::from_secs(300))
+        );
         let tuned = resolve(
             Tuning {
                 durability: Some(Durability::None),
                 peer_timeout: Some(0),
+                open_timeout: Some(0),
+                reply_timeout: Some(7),
                 memory_budget: Some(64 << 20),
                 no_ack_headroom: true,
                 ..Tuning::default()
@@ -202,6 +238,8 @@ mod tests {
         );
         assert_eq!(tuned.durability, Durability::None);
         assert!(tuned.connect.peer_timeout.is_none());
+        assert_eq!(tuned.connect.open_timeout, None);
+        assert_eq!(tuned.connect.reply_timeout, Some(Duration::from_secs(7)));
         assert!(!tuned.connect.ack_headroom);
         let budget = tuned.connect.memory_budget.expect("one budget");
         assert_eq!(budget.limits().limit, 64 << 20);

@@ -164,6 +164,8 @@ pub trait SyncOpener: Sync {
     fn serial(&self) -> &str;
     /// The sync extensions the device advertises.
     fn sync_features(&self) -> SyncFeatures;
+    /// How long a session waits for a reply with nothing arriving.
+    fn reply_timeout(&self) -> Option<std::time::Duration>;
     /// Opens `sync:` on the device, using only `features`.
     fn open_sync(
         &self,
@@ -178,6 +180,10 @@ impl SyncOpener for Device {
 
     fn sync_features(&self) -> SyncFeatures {
         SyncFeatures::of(self)
+    }
+
+    fn reply_timeout(&self) -> Option<std::time::Duration> {
+        Device::reply_timeout(self)
     }
 
     fn open_sync(
@@ -198,6 +204,10 @@ impl SyncOpener for crate::host_client::ServerDevice {
         SyncFeatures::from_names(self.features())
     }
 
+    fn reply_timeout(&self) -> Option<std::time::Duration> {
+        crate::host_client::ServerDevice::reply_timeout(self)
+    }
+
     fn open_sync(
         &self,
         features: SyncFeatures,
@@ -205,11 +215,10 @@ impl SyncOpener for crate::host_client::ServerDevice {
     {
         Box::pin(async move {
             let stream = self.open(&DeviceService::Sync).await?;
-            Ok(SyncSession::over_stream(
-                Box::new(stream),
-                self.serial(),
-                features,
-            ))
+            Ok(
+                SyncSession::over_stream(Box::new(stream), self.serial(), features)
+                    .with_reply_timeout(SyncOpener::reply_timeout(self)),
+            )
         })
     }
 }

@@ -226,6 +226,17 @@ impl SyncSession {
         let total = written.load(Ordering::Relaxed);
         progress.advance(total - reported);
         outcome?;
+        // More than the stat said: a file that grew while it was read (a
+        // log), or a device that misreports. Kept, as adb keeps it, but said.
+        // (Fewer is the norm for sysfs files, which all claim 4096 bytes;
+        // procfs files claim 0.)
+        if let Some(announced) = size.filter(|&announced| announced > 0 && total > announced) {
+            progress.warning(&format!(
+                "'{}': the device sent {total} bytes where its stat said {announced} (the file \
+                 grew while it was pulled, or the device misreports its size)",
+                show(remote)
+            ));
+        }
         match written_result {
             Ok(()) => Ok(total),
             Err(Some(message)) => Err(transfer_error(message)),

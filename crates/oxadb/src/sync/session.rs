@@ -68,6 +68,9 @@ pub struct SyncSession {
     pub(super) ranges: std::sync::Arc<oxadb_wire::RangeCounters>,
     /// Plain pushes may send file data by `sendfile` ([`Device::zero_copy`]).
     pub(super) zero_copy: bool,
+    /// How long a reply may keep us waiting with nothing arriving
+    /// ([`crate::ConnectOptions::reply_timeout`]).
+    reply_timeout: Option<Duration>,
 }
 
 impl SyncSession {
@@ -87,12 +90,15 @@ impl SyncSession {
             client: Client::new(features.versions()),
             ranges: Default::default(),
             zero_copy: device.zero_copy(),
+            reply_timeout: device.reply_timeout(),
         })
     }
 
     /// A session on a `sync:` service already opened on `stream`, any byte
     /// stream (e.g. the socket an adb host server relays it on), using only
-    /// `features`; `serial` names the device in errors.
+    /// `features`; `serial` names the device in errors. It waits for a reply
+    /// for [`crate::device::DEFAULT_REPLY_TIMEOUT`] with nothing arriving
+    /// unless told otherwise ([`SyncSession::with_reply_timeout`]).
     pub fn over_stream(stream: BoxedStream, serial: &str, features: SyncFeatures) -> SyncSession {
         SyncSession {
             stream: SyncStream::Plain(stream),
@@ -102,7 +108,15 @@ impl SyncSession {
             client: Client::new(features.versions()),
             ranges: Default::default(),
             zero_copy: false,
+            reply_timeout: Some(crate::device::DEFAULT_REPLY_TIMEOUT),
         }
+    }
+
+    /// Waits at most `limit` for a reply with nothing arriving (`None`:
+    /// for ever).
+    pub fn with_reply_timeout(mut self, limit: Option<Duration>) -> SyncSession {
+        self.reply_timeout = limit;
+        self
     }
 
     /// Flow-control statistics of the session's stream so far.
@@ -169,11 +183,24 @@ impl SyncSession {
     /// Writes what the machine queued: requests as bytes, a push's batches
     /// appended by reference (their buffers go back to the reading thread's
     /// pool once sent; file ranges go by `sendfile`).
+    /// A device that takes none of it for the reply timeout (grants no
+    /// credit, reads nothing) fails the write.
     pub(super) async fn write_queued(&mut self) -> std::io::Result<()> {
         while let Some(transmit) = self.client.poll_transmit() {
-            match transmit {
-                Transmit::Bytes(bytes) => self.stream.write_all(&bytes).await?,
-                Transmit::Batch(batch) => self.stream.write_payload(batch).await?,
+            let write = async {
+                match transmit {
+                    Transmit::Bytes(bytes) => self.stream.write_all(&bytes).await,
+                    Transmit::Batch(batch) => self.stream.write_payload(batch).await,
+                }
+            };
+            match self.reply_timeout {
+                Some(limit) => tokio::time::timeout(limit, write).await.map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the device took nothing for {} s", limit.as_secs_f64()),
+                    )
+                })??,
+                None => write.await?,
             }
         }
         Ok(())
@@ -197,9 +224,26 @@ impl SyncSession {
         Ok(())
     }
 
-    /// Waits for more of the stream and gives it to the machine.
+    /// Waits for more of the stream and gives it to the machine; a device
+    /// that sends nothing for the reply timeout ends the session.
     async fn read(&mut self) -> Result<()> {
-        match self.stream.read_chunk(READ_MAX).await {
+        let read = self.stream.read_chunk(READ_MAX);
+        let read = match self.reply_timeout {
+            Some(limit) => match tokio::time::timeout(limit, read).await {
+                Ok(read) => read,
+                Err(_) => {
+                    let waiting_for = self.client.awaited().unwrap_or_default();
+                    self.client.end("the device stopped replying");
+                    return Err(Error::ReplyTimeout {
+                        addr: self.serial.clone(),
+                        waiting_for,
+                        seconds: limit.as_secs_f64(),
+                    });
+                }
+            },
+            None => read.await,
+        };
+        match read {
             Ok(Some(chunk)) => self.client.handle_input(chunk),
             Ok(None) => self.client.handle_eof(),
             Err(error) => return Err(self.stream_error(&error)),
@@ -339,16 +383,14 @@ impl SyncSession {
 
     fn client_error(&self, error: ClientError) -> Error {
         match error {
-            ClientError::Protocol(message) => {
-                Error::Protocol(format!("{}: {message}", self.serial))
-            }
+            ClientError::Protocol(message) => Error::protocol(&self.serial, "sync", message),
             ClientError::Closed => self.stream_ended(),
         }
     }
 
     pub(super) fn protocol_error(&mut self, message: &str) -> Error {
         self.client.end("protocol error");
-        Error::Protocol(format!("{}: {message}", self.serial))
+        Error::protocol(&self.serial, "sync", message)
     }
 
     /// A reply the machine read for another request than the one waited
@@ -372,7 +414,7 @@ impl SyncSession {
                 path: show(&path).into_owned(),
                 message: error.to_string(),
             },
-            other => Error::Protocol(format!("{}: {other}", self.serial)),
+            other => Error::protocol(&self.serial, "sync", other.to_string()),
         }
     }
 

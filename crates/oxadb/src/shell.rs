@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use oxadb_wire::feature;
 use oxadb_wire::service::{DeviceService, ShellMode, ShellProtocol, ShellService};
-use oxadb_wire::shell::{encode_frame, FrameDecoder, FrameId};
+use oxadb_wire::shell::{encode_frame, DeviceOutput, DeviceOutputReader, FrameId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::byte_stream::BoxedStream;
@@ -62,9 +62,8 @@ pub struct ShellWriter {
 pub struct ShellReader {
     reader: ReadHalf<BoxedStream>,
     protocol_v2: bool,
-    decoder: FrameDecoder,
+    device_output: DeviceOutputReader,
     finished: bool,
-    exited: bool,
     label: String,
     /// Tells a lost connection from a finished command; a stream an adb
     /// server relays has none (the server's own end says nothing more).
@@ -154,9 +153,8 @@ impl ShellSession {
             reader: ShellReader {
                 reader,
                 protocol_v2: v2,
-                decoder: FrameDecoder::new(),
+                device_output: DeviceOutputReader::new(),
                 finished: false,
-                exited: false,
                 label: label.clone(),
                 connection: None,
                 serial: serial.to_string(),
@@ -265,26 +263,16 @@ impl ShellReader {
     pub async fn next_event(&mut self) -> Result<Option<ShellEvent>> {
         loop {
             if self.protocol_v2 {
-                match self.decoder.next_frame() {
-                    Ok(Some(frame)) => match frame.id {
-                        FrameId::Stdout => return Ok(Some(ShellEvent::Stdout(frame.payload))),
-                        FrameId::Stderr => return Ok(Some(ShellEvent::Stderr(frame.payload))),
-                        FrameId::Exit => {
-                            // adbd sends the status as one byte; any other
-                            // length is no status to report (adb reads the
-                            // first byte, even of an empty frame).
-                            let [code] = frame.payload[..] else {
-                                return Err(self.protocol_error(format!(
-                                    "exit packet of {} bytes (an exit status is 1 byte)",
-                                    frame.payload.len()
-                                )));
-                            };
-                            self.exited = true;
-                            return Ok(Some(ShellEvent::Exit(i32::from(code))));
-                        }
-                        // Other ids from a device are ignored, as adb does.
-                        _ => continue,
-                    },
+                match self.device_output.next() {
+                    Ok(Some(DeviceOutput::Stdout(data))) => {
+                        return Ok(Some(ShellEvent::Stdout(data)))
+                    }
+                    Ok(Some(DeviceOutput::Stderr(data))) => {
+                        return Ok(Some(ShellEvent::Stderr(data)))
+                    }
+                    Ok(Some(DeviceOutput::Exit(code))) => {
+                        return Ok(Some(ShellEvent::Exit(i32::from(code))))
+                    }
                     Ok(None) => {}
                     Err(error) => return Err(self.protocol_error(error.to_string())),
                 }
@@ -298,7 +286,7 @@ impl ShellReader {
                         return Err(lost);
                     }
                 }
-                if self.protocol_v2 && !self.exited {
+                if self.protocol_v2 && !self.device_output.exited() {
                     return Err(Error::ConnectionLost {
                         addr: self.serial.clone(),
                         reason: format!(
@@ -321,7 +309,7 @@ impl ShellReader {
             }
             buf.truncate(n);
             if self.protocol_v2 {
-                self.decoder.feed(&buf);
+                self.device_output.feed(&buf);
             } else {
                 return Ok(Some(ShellEvent::Stdout(Bytes::from(buf))));
             }

@@ -181,6 +181,101 @@ impl FrameDecoder {
     }
 }
 
+/// What the device's side of a shell v2 stream carries, as the host reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceOutput {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// The command's exit status; nothing follows it.
+    Exit(u8),
+}
+
+/// Why the host cannot read the device's shell stream on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceOutputError {
+    #[error(transparent)]
+    Frame(#[from] ShellWireError),
+    /// adbd sends the status as one byte; adb reads the first byte of any
+    /// exit frame, even an empty one, and so reports a status nobody sent.
+    #[error("exit packet of {0} bytes (an exit status is 1 byte)")]
+    ExitLength(usize),
+    #[error("{0} bytes after the exit packet")]
+    AfterExit(usize),
+}
+
+/// The host's reading of the device's side of a shell v2 stream (AOSP
+/// `client/commandline.cpp` read_and_dump): bytes in as they arrive,
+/// output and one exit status out. Frames of the host's own kinds (stdin,
+/// close-stdin, window size) and unknown ids are skipped, as adb skips
+/// them; an error stays an error (the stream cannot resynchronise).
+#[derive(Debug, Default)]
+pub struct DeviceOutputReader {
+    decoder: FrameDecoder,
+    exited: bool,
+    failed: Option<DeviceOutputError>,
+}
+
+impl DeviceOutputReader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, data: &[u8]) {
+        self.decoder.feed(data);
+    }
+
+    /// Whether the exit status was read.
+    pub fn exited(&self) -> bool {
+        self.exited
+    }
+
+    /// Bytes held, not yet read as a frame: at most one frame's header and
+    /// payload ([`DEFAULT_MAX_PAYLOAD`]) once [`DeviceOutputReader::next`]
+    /// returned `Ok(None)`.
+    pub fn buffered(&self) -> usize {
+        self.decoder.buffered()
+    }
+
+    /// The next piece of output, `Ok(None)` until more bytes arrive.
+    pub fn next(&mut self) -> Result<Option<DeviceOutput>, DeviceOutputError> {
+        if let Some(error) = &self.failed {
+            return Err(error.clone());
+        }
+        let read = self.next_unchecked();
+        if let Err(error) = &read {
+            self.failed = Some(error.clone());
+        }
+        read
+    }
+
+    fn next_unchecked(&mut self) -> Result<Option<DeviceOutput>, DeviceOutputError> {
+        loop {
+            if self.exited {
+                return match self.decoder.buffered() {
+                    0 => Ok(None),
+                    extra => Err(DeviceOutputError::AfterExit(extra)),
+                };
+            }
+            let Some(frame) = self.decoder.next_frame()? else {
+                return Ok(None);
+            };
+            return Ok(Some(match frame.id {
+                FrameId::Stdout => DeviceOutput::Stdout(frame.payload),
+                FrameId::Stderr => DeviceOutput::Stderr(frame.payload),
+                FrameId::Exit => {
+                    let [status] = frame.payload[..] else {
+                        return Err(DeviceOutputError::ExitLength(frame.payload.len()));
+                    };
+                    self.exited = true;
+                    DeviceOutput::Exit(status)
+                }
+                _ => continue,
+            }));
+        }
+    }
+}
+
 /// Payload of a window-size-change frame: an ASCII `struct winsize`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WindowSize {
@@ -332,6 +427,57 @@ mod tests {
             v.push(f);
         }
         v
+    }
+
+    #[test]
+    fn the_host_reads_output_and_one_exit_status_of_one_byte() {
+        let mut bytes = BytesMut::new();
+        encode_frame(FrameId::Stdout, b"out", &mut bytes).unwrap();
+        encode_frame(FrameId::Unknown(9), b"skipped", &mut bytes).unwrap();
+        encode_frame(FrameId::Stderr, b"err", &mut bytes).unwrap();
+        bytes.extend_from_slice(&exit_frame(3));
+        let mut reader = DeviceOutputReader::new();
+        // One byte at a time: the result does not depend on the reads.
+        let mut got = Vec::new();
+        for byte in bytes.iter() {
+            reader.feed(&[*byte]);
+            while let Some(output) = reader.next().unwrap() {
+                got.push(output);
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                DeviceOutput::Stdout(Bytes::from_static(b"out")),
+                DeviceOutput::Stderr(Bytes::from_static(b"err")),
+                DeviceOutput::Exit(3),
+            ]
+        );
+        assert!(reader.exited());
+        reader.feed(b"x");
+        assert_eq!(reader.next(), Err(DeviceOutputError::AfterExit(1)));
+    }
+
+    #[test]
+    fn an_exit_packet_of_another_length_is_an_error_that_stays() {
+        for payload in [&b""[..], b"\0\0"] {
+            let mut bytes = BytesMut::new();
+            encode_frame(FrameId::Exit, payload, &mut bytes).unwrap();
+            let mut reader = DeviceOutputReader::new();
+            reader.feed(&bytes);
+            let error = DeviceOutputError::ExitLength(payload.len());
+            assert_eq!(reader.next(), Err(error.clone()));
+            assert_eq!(reader.next(), Err(error));
+            assert!(!reader.exited());
+        }
+        let mut reader = DeviceOutputReader::new();
+        reader.feed(&[1, 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(
+            reader.next(),
+            Err(DeviceOutputError::Frame(
+                ShellWireError::PayloadTooLarge { .. }
+            ))
+        ));
     }
 
     #[test]

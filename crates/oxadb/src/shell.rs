@@ -263,7 +263,7 @@ impl ShellReader {
     pub async fn next_event(&mut self) -> Result<Option<ShellEvent>> {
         loop {
             if self.protocol_v2 {
-                match self.device_output.next() {
+                match self.device_output.next_output() {
                     Ok(Some(DeviceOutput::Stdout(data))) => {
                         return Ok(Some(ShellEvent::Stdout(data)))
                     }

@@ -231,14 +231,14 @@ impl DeviceOutputReader {
     }
 
     /// Bytes held, not yet read as a frame: at most one frame's header and
-    /// payload ([`DEFAULT_MAX_PAYLOAD`]) once [`DeviceOutputReader::next`]
+    /// payload ([`DEFAULT_MAX_PAYLOAD`]) once [`DeviceOutputReader::next_output`]
     /// returned `Ok(None)`.
     pub fn buffered(&self) -> usize {
         self.decoder.buffered()
     }
 
     /// The next piece of output, `Ok(None)` until more bytes arrive.
-    pub fn next(&mut self) -> Result<Option<DeviceOutput>, DeviceOutputError> {
+    pub fn next_output(&mut self) -> Result<Option<DeviceOutput>, DeviceOutputError> {
         if let Some(error) = &self.failed {
             return Err(error.clone());
         }
@@ -441,7 +441,7 @@ mod tests {
         let mut got = Vec::new();
         for byte in bytes.iter() {
             reader.feed(&[*byte]);
-            while let Some(output) = reader.next().unwrap() {
+            while let Some(output) = reader.next_output().unwrap() {
                 got.push(output);
             }
         }
@@ -455,7 +455,7 @@ mod tests {
         );
         assert!(reader.exited());
         reader.feed(b"x");
-        assert_eq!(reader.next(), Err(DeviceOutputError::AfterExit(1)));
+        assert_eq!(reader.next_output(), Err(DeviceOutputError::AfterExit(1)));
     }
 
     #[test]
@@ -466,14 +466,14 @@ mod tests {
             let mut reader = DeviceOutputReader::new();
             reader.feed(&bytes);
             let error = DeviceOutputError::ExitLength(payload.len());
-            assert_eq!(reader.next(), Err(error.clone()));
-            assert_eq!(reader.next(), Err(error));
+            assert_eq!(reader.next_output(), Err(error.clone()));
+            assert_eq!(reader.next_output(), Err(error));
             assert!(!reader.exited());
         }
         let mut reader = DeviceOutputReader::new();
         reader.feed(&[1, 0xff, 0xff, 0xff, 0xff]);
         assert!(matches!(
-            reader.next(),
+            reader.next_output(),
             Err(DeviceOutputError::Frame(
                 ShellWireError::PayloadTooLarge { .. }
             ))

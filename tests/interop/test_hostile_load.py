@@ -22,7 +22,7 @@ Meanwhile the main thread attacks, phase by phase:
   b. an OPEN flood: one connection sends 5 x max-streams OPENs of `sync:`
      (a service that stays open without a process) in one burst: exactly
      the first max-streams are accepted, the rest refused (CLSE) with one
-     log line each (WARN for the 1st, 2nd, 4th... refusal, DEBUG for the
+     log line each (WARN for the first 8 refusals and the 16th, 32nd..., DEBUG for the
      rest, so that a flood cannot flood the log), and the connection stays usable (a sync STAT on an
      accepted stream, then, once the streams are closed, a new stream);
   c. a connection flood: 2 x max-connections simultaneous connections each

@@ -29,18 +29,27 @@ mod timers;
 use reverse_forwards::ReverseForwards;
 
 /// Logs a peer's misbehaviour that does not end the connection: at WARN the
-/// 1st, 2nd, 4th, 8th... time on a connection, at DEBUG otherwise, so that a
-/// peer repeating it cannot flood the log (4.5 million refused OPENs wrote
-/// 1.5 GB in 20 s before this).
+/// first 8 times on a connection (each refused spec of a device probing the
+/// host is named) and then the 16th, 32nd, 64th..., at DEBUG otherwise, so
+/// that a peer repeating it cannot flood the log (4.5 million refused OPENs
+/// wrote 1.5 GB in 20 s before this).
 macro_rules! peer_warn {
     ($connection:expr, $($arg:tt)+) => {{
         $connection.complaints += 1;
-        if $connection.complaints.is_power_of_two() {
+        if worth_a_warning($connection.complaints) {
             tracing::warn!(complaints = $connection.complaints, $($arg)+);
         } else {
             tracing::debug!($($arg)+);
         }
     }};
+}
+
+/// Whether the `count`th time a peer repeats a misbehaviour that does not
+/// end its connection is logged at WARN (the first 8, then the 16th, 32nd,
+/// 64th...) rather than DEBUG: every role and service that logs such
+/// repetitions counts them so.
+pub fn worth_a_warning(count: u64) -> bool {
+    count <= 8 || count.is_power_of_two()
 }
 
 /// Which end of the connection we are. A value, never a compile-time switch.

@@ -524,14 +524,15 @@ fn log_connected(outcome: Result<oxadb_io::Peer, oxadb_io::ConnectionError>) -> 
     }
 }
 
-/// A connection's refused OPENs, logged at WARN the 1st, 2nd, 4th... time
-/// and at DEBUG otherwise: a host can ask for nonsense as fast as it likes.
+/// A connection's refused OPENs, logged at WARN the first 8 times and then
+/// the 16th, 32nd... ([`oxadb_engine::worth_a_warning`]), at DEBUG
+/// otherwise: a host can ask for nonsense as fast as it likes.
 #[derive(Default)]
 struct Refusals(std::sync::atomic::AtomicU64);
 
 impl Refusals {
     fn loud(&self) -> bool {
-        (self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1).is_power_of_two()
+        oxadb_engine::worth_a_warning(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
     }
 }
 

@@ -159,9 +159,11 @@ pub fn remove_unfinished_pulls() -> usize {
 }
 
 /// The local path for a name received from the device, refusing names that
-/// could escape the directory (`/` inside, `.`, `..`, empty).
+/// could escape the directory (`/` inside, `.`, `..`, empty) and names no
+/// file here can have (a NUL inside: the path would end there).
 pub(crate) fn child_path(dir: &Path, name: &[u8]) -> Option<PathBuf> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
         return None;
     }
     Some(dir.join(OsStr::from_bytes(name)))
@@ -206,5 +208,6 @@ mod tests {
         assert_eq!(child_path(dir, b".."), None);
         assert_eq!(child_path(dir, b"a/../../b"), None);
         assert_eq!(child_path(dir, b""), None);
+        assert_eq!(child_path(dir, b"a\0b"), None);
     }
 }

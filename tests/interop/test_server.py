@@ -53,10 +53,12 @@ def _request(port: int, text: bytes, timeout: float = 5.0) -> bytes:
 
 
 class OxadbServer:
-    """`oxadb server -P PORT` with a private HOME and state directory."""
+    """`oxadb server -P PORT` with a private HOME and state directory;
+    `tuning` goes before the command (e.g. `--open-timeout 3`)."""
 
-    def __init__(self, workdir: Path, adb: str):
+    def __init__(self, workdir: Path, adb: str, tuning: tuple[str, ...] = ()):
         self.workdir = workdir
+        self.tuning = tuning
         self.home = workdir / "home"
         (self.home / ".android").mkdir(parents=True, exist_ok=True)
         # A key made now (adb's keygen is quick): a debug build of oxadb
@@ -73,7 +75,7 @@ class OxadbServer:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [str(resolve_oxadb()), "server", "-P", str(self.port)],
+                [str(resolve_oxadb()), *self.tuning, "server", "-P", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
                 cwd=str(self.workdir))
         finally:

@@ -164,6 +164,12 @@ async fn open_device_service(
             super::relay_tcp(socket, stream).await;
             Ok(())
         }
+        // adb's word for a refusal; a device that never answered is told
+        // as such (adb's server would wait for ever).
+        Err(error @ crate::Error::OpenTimeout { .. }) => {
+            tracing::warn!(%error, "device did not answer an OPEN");
+            socket.write_all(&fail(&error.to_string())).await
+        }
         Err(error) => {
             tracing::debug!(%error, service, "device refused a service");
             socket.write_all(&fail(host::STREAM_CLOSED)).await

@@ -25,7 +25,8 @@
 #      and adb-shell against oxadbd, the static daemons under qemu-user and
 #      the package installed into a scratch root,
 #  11. fuzzes the packet, banner, sync, shell-v2, service-name, smart-socket and
-#      oxadb-delta message parsers with cargo-fuzz
+#      oxadb-delta message parsers, and the host's reading of a device (its
+#      connection engine, sync client and shell output reader), with cargo-fuzz
 #      (scripts/fuzz.sh: pinned cargo-fuzz into target/tools, g++ if missing),
 #      each target for FUZZ_SECONDS over a copy of its seed corpus in fuzz/corpus,
 #  12. installs iperf3 and ping (Debian's iperf3 and iputils-ping) if missing
@@ -215,7 +216,7 @@ python3 -m pytest tests/interop -v ${PYTEST_ARGS:-}
 # 30 s per target keeps the whole suite under 15 minutes with the USB VM;
 # longer runs: FUZZ_SECONDS=600 bash scripts/fuzz.sh (docs/fuzzing.md).
 export FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-phase "fuzz: 7 cargo-fuzz targets, ${FUZZ_SECONDS} s each (scripts/fuzz.sh)"
+phase "fuzz: 10 cargo-fuzz targets, ${FUZZ_SECONDS} s each (scripts/fuzz.sh)"
 bash scripts/fuzz.sh
 
 # --------------------------------------------------------------------------------
@@ -248,7 +249,8 @@ fi
 phase "USB: oxadbd as a FunctionFS gadget, adb 29 and oxadb (and oxadb server) as hosts, over dummy_hcd in a qemu VM (tests/usb/suite.sh); power cut after pushes (tests/usb/powercut.sh)"
 as_root bash scripts/usb-vm.sh prepare
 # The suite took 290 s (boot included) under TCG on a busy 2-core machine
-# before server-usb.sh (about 100 s more), past usb-vm.sh's default of 300 s.
+# before server-usb.sh (about 100 s more) and hostile-usb.sh (about 65 s
+# more), past usb-vm.sh's default of 300 s.
 as_root env USB_VM_TIMEOUT="${USB_VM_TIMEOUT:-600}" bash scripts/usb-vm.sh run tests/usb/suite.sh || die "the USB tests failed in the VM (tests/usb/suite.sh; logs in target/usb-vm)"
 # Pushed files after a power cut, per durability level: three boots of about
 # 60 s together on an idle 2-core machine (each boot has its own limit).

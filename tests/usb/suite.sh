@@ -6,7 +6,9 @@
 # the host driver's packet-edge and claimed-interface checks at high
 # speed, `oxadb server` with the gadget as a USB device (server-usb.sh: adb
 # 29 and 34 through it, unauthorized then authorized, hotplug) at high
-# speed, and vsock and `framebuffer:` (devio-vm.sh, 37 s of the 290 s on a busy machine). Each
+# speed, a USB device that opens streams to its host unasked (hostile-usb.sh:
+# oxadb directly and through its server refuse them, a reverse's spec
+# alone is relayed) at high speed, and vsock and `framebuffer:` (devio-vm.sh, 37 s of the 290 s on a busy machine). Each
 # script prints PASS or FAIL; this exits non-zero if any failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,6 +23,7 @@ run "$HERE/usb-interop.sh" high super
 run "$HERE/daemon-smoke.sh" full
 run "$HERE/host-smoke.sh" high
 run "$HERE/server-usb.sh" high
+run "$HERE/hostile-usb.sh" high
 run "$HERE/devio-vm.sh"
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "USB suite FAILED: ${failed[*]}"

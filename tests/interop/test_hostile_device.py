@@ -24,6 +24,7 @@ A device is not trusted by its host (docs/security.md, "The host's side"):
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -429,3 +430,25 @@ def test_ten_misbehaving_devices_leave_a_real_one_working(server, real, device, 
             host.detach(hostile)
             hostile.stop()
         endpoints.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_pull_interrupted_while_the_device_stalls_leaves_nothing_and_says_nothing(
+        host, sig, tmp_path):
+    """Ctrl-C while a device holds a pull half way: the temporary file goes,
+    and nothing is said about removing it twice."""
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with HostileDevice("sync-fail-stall") as hostile:
+        host.attach(hostile)
+        proc = subprocess.Popen([str(resolve_oxadb()), *host.prefix, "-s", hostile.serial,
+                                 "pull", "/f", str(dest / "f")], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=host.env)
+        hostile.wait_for("opened", 1, timeout=10)
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=10)
+        host.detach(hostile)
+    assert proc.returncode == 128 + sig, err
+    assert err == b"", err
+    assert list(dest.iterdir()) == []

@@ -63,8 +63,13 @@ impl Drop for TempEntry {
     fn drop(&mut self) {
         journal::unregister(&self.path);
         if self.armed {
-            if let Err(e) = fs::remove_file(&self.path) {
-                warn!("sync: couldn't remove '{}': {e}", self.path.display());
+            match fs::remove_file(&self.path) {
+                Ok(()) => {}
+                // Gone already: on SIGINT or SIGTERM the unfinished entries
+                // are removed before the command is dropped
+                // (`journal::remove_unfinished`).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => warn!("sync: couldn't remove '{}': {e}", self.path.display()),
             }
         }
     }

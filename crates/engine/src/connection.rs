@@ -1128,6 +1128,8 @@ impl Connection {
             let stream = self.streams.get_mut(&id).expect("listed");
             stream.state = stream.state.peer_gone();
             stream.outgoing.clear();
+            // Nothing waits for credit now: the stall timer must not fire.
+            stream.note_credit(self.now_ns);
             self.events.push_back(Event::Closed(StreamId(id)));
         }
         self.control.clear();
@@ -1351,6 +1353,9 @@ impl Connection {
             }
             _ => {
                 stream.outgoing.clear();
+                // Nothing waits for credit now: the stall timer must not
+                // close the stream again (a second CLSE, its unread data lost).
+                stream.note_credit(self.now_ns);
                 let closing = stream.state.closing();
                 stream.state = stream.state.peer_gone();
                 let reply = (!closing).then(|| {

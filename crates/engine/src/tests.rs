@@ -835,6 +835,54 @@ fn a_stall_that_ends_and_starts_again_moves_the_deadline_later() {
     assert_eq!(pair.device.poll_event(), Some(Event::Closed(stalled)));
 }
 
+/// A stream the peer closed, or whose peer restarted (a second CNXN), has
+/// its unsent data dropped: it waits for no credit any more, so the stall
+/// timer must not close it later. It did (caught by the `host_connection`
+/// fuzz target's property that the timer closes only streams with data
+/// waiting): a second CLSE went to the peer, the application saw `Closed`
+/// twice, and the stream went away with what it had not read yet.
+#[test]
+fn a_stream_the_peer_closed_waits_for_no_credit() {
+    for restart in [false, true] {
+        let mut device = config(Role::Device, false);
+        device.stalled_stream_timeout = Some(Duration::from_secs(10));
+        let Stalled {
+            mut pair,
+            stalled,
+            held,
+            ..
+        } = stalled_stream(device, Duration::from_secs(1));
+        let host_id = held.arg1;
+        // Something from the host the device's application has not read.
+        let unread = Packet::new(Command::Wrte, host_id, stalled.0, &b"unread"[..]);
+        deliver(&mut pair.device, &pair.host, &unread).unwrap();
+        assert_eq!(pair.device.poll_event(), Some(Event::Readable(stalled)));
+        while pair.device.poll_transmit().is_some() {}
+        assert_eq!(pair.device.poll_timeout(), Some(Duration::from_secs(11)));
+
+        let end = if restart {
+            let banner = pair.host.config().banner.encode();
+            Packet::new(Command::Cnxn, VERSION_SKIP_CHECKSUM, MAX_PAYLOAD, banner)
+        } else {
+            Packet::new(Command::Clse, host_id, stalled.0, Bytes::new())
+        };
+        deliver(&mut pair.device, &pair.host, &end).unwrap();
+        let events: Vec<Event> = std::iter::from_fn(|| pair.device.poll_event()).collect();
+        assert!(events.contains(&Event::Closed(stalled)), "{events:?}");
+        while pair.device.poll_transmit().is_some() {}
+
+        assert_eq!(pair.device.poll_timeout(), None, "nothing waits for credit");
+        pair.device.handle_timeout(Duration::from_secs(60));
+        assert_eq!(pair.device.poll_event(), None, "closed once");
+        assert!(pair.device.poll_transmit().is_none(), "one CLSE");
+        assert_eq!(
+            pair.device.read(stalled, 100),
+            Ok(Read::Data(Bytes::from_static(b"unread")))
+        );
+        assert_eq!(pair.device.read(stalled, 100), Ok(Read::Eof));
+    }
+}
+
 #[test]
 fn a_refused_signature_gets_its_next_token_after_the_delay() {
     let mut device_config = config(Role::Device, true);

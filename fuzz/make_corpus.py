@@ -302,6 +302,279 @@ def deltas():
     write(t, "cut", b"\x05" + begin[:11])
 
 
+# ---- host_connection: the host's engine against a device -------------------
+#
+# A byte of host configuration, a byte choosing the device's CNXN, then
+# operations (fuzz_targets/host_connection.rs): 0 and a raw packet; a framed
+# packet (opcode by command, ids, payload); 4 open; 5 accept, 135 refuse;
+# 6 write; 7 read; 8 close; 9 let time pass.
+
+HOST_CLASSIC, HOST_AOSP, HOST_ADAPTIVE = 0x00, 0x01, 0x02
+HOST_STALL_TIMEOUT = 0x20
+DEVICE_1M_DELAYED_ACK = 0x07
+DEVICE_64_CLASSIC = 0x00
+DEVICE_4K_V1_CHECKSUMMED = 0x0A
+
+# Indexes into SPECS in the target.
+SPEC = {"tcp:8080": 0, "tcp:9000": 1, "tcp:1": 2, "localabstract:x": 3, "": 5,
+        "*smartsocket*": 6, "tcp:1;tcp:2": 7, "norebind:tcp:1": 8, "tcp:8080\0": 9}
+FRAMED = {b"OPEN": 2, b"OKAY": 32, b"WRTE": 72, b"CLSE": 102, b"CNXN": 162,
+          b"AUTH": 192, b"STLS": 232}
+
+
+def device(command, arg0, arg1, payload=b"", checksum=False):
+    """A device packet as the wire carries it."""
+    return bytes([0]) + packet(command, arg0, arg1, payload, checksum=checksum)
+
+
+def framed(command, arg0, arg1, payload=b""):
+    """A device packet the target frames: small ids, a short payload."""
+    assert arg0 < 0xF0 and arg1 < 0xF0 and len(payload) < 0xC0
+    return bytes([FRAMED[command], arg0, arg1, len(payload)]) + payload
+
+
+def reverse(device_spec, host_spec, norebind=False):
+    return bytes([4, 1 if norebind else 0, SPEC[device_spec], SPEC[host_spec]])
+
+
+def kill(device_spec=None):
+    return bytes([4, 3]) if device_spec is None else bytes([4, 2, SPEC[device_spec]])
+
+
+def host_open(other):
+    # OTHER_SERVICES in the target: 0 is "shell,v2,raw:id".
+    return bytes([4, 5, other])
+
+
+def accept(pick=0):
+    return bytes([5, pick])
+
+
+def refuse(pick=0):
+    return bytes([135, pick])
+
+
+def write_stream(pick, data):
+    return bytes([6, pick, len(data)]) + data
+
+
+def read_stream(pick, quarter_max=64):
+    return bytes([7, pick, quarter_max])
+
+
+def close_stream(pick):
+    return bytes([8, pick])
+
+
+def wait(tens_of_ms):
+    return bytes([9, tens_of_ms])
+
+
+def host_connections():
+    t = "host_connection"
+    # adb reverse in burst mode: the device's OKAY to the reverse (with
+    # credit), its OPEN of the host side, data both ways, CLSE.
+    write(t, "reverse-tcp-8080-burst", bytes([HOST_ADAPTIVE, DEVICE_1M_DELAYED_ACK])
+          + reverse("tcp:9000", "tcp:8080")
+          + device(b"OKAY", 100, 1, u32(1 << 20))
+          + device(b"OPEN", 101, 1 << 20, b"tcp:8080\0")
+          + accept()
+          + device(b"WRTE", 101, 2, b"GET / HTTP/1.0\r\n\r\n")
+          + read_stream(1) + write_stream(1, b"HTTP/1.0 200 OK\r\n\r\n")
+          + device(b"OKAY", 101, 2, u32(19))
+          + device(b"CLSE", 101, 2) + read_stream(1) + close_stream(1))
+    # Classic: the device tries the host before and after the reverse, and
+    # after it was killed; norebind and kill-all.
+    write(t, "open-before-and-after-reverse", bytes([HOST_CLASSIC, DEVICE_64_CLASSIC])
+          + device(b"OPEN", 7, 0, b"tcp:8080\0")
+          + reverse("tcp:9000", "tcp:8080") + device(b"OKAY", 8, 1)
+          + device(b"OPEN", 9, 0, b"tcp:8080\0") + refuse()
+          + reverse("tcp:9000", "localabstract:x", norebind=True)
+          + device(b"OPEN", 10, 0, b"localabstract:x\0")
+          + kill("tcp:9000") + device(b"OPEN", 11, 0, b"tcp:8080\0")
+          + reverse("tcp:1", "tcp:1") + kill()
+          + device(b"OPEN", 12, 0, b"tcp:1\0"))
+    # A device OPEN of the device-side spec, of a spec with arg1 set in
+    # classic mode, with remote id 0, and not UTF-8.
+    write(t, "odd-opens", bytes([HOST_CLASSIC, DEVICE_64_CLASSIC])
+          + reverse("tcp:9000", "tcp:8080")
+          + device(b"OPEN", 5, 0, b"tcp:9000\0")
+          + device(b"OPEN", 6, 4096, b"tcp:8080\0")
+          + device(b"OPEN", 0, 0, b"tcp:8080\0")
+          + device(b"OPEN", 7, 0, b"tcp:80\xff\0")
+          + device(b"OPEN", 8, 0, b"tcp:8080\0\0\0"))
+    # The host's own stream: OKAY, data both ways, CLSE, then a late WRTE.
+    write(t, "shell-stream", bytes([HOST_CLASSIC, DEVICE_64_CLASSIC])
+          + host_open(0) + device(b"OKAY", 40, 1)
+          + write_stream(0, b"x" * 100)
+          + device(b"OKAY", 40, 1)
+          + device(b"WRTE", 40, 1, b"uid=0(root)\n")
+          + read_stream(0, 1) + read_stream(0)
+          + device(b"CLSE", 40, 1) + close_stream(0)
+          + device(b"WRTE", 40, 1, b"late"))
+    # The same, framed by the target.
+    write(t, "framed-packets", bytes([HOST_AOSP | 0x04 | 0x08, DEVICE_1M_DELAYED_ACK])
+          + host_open(1) + framed(b"OKAY", 3, 1, u32(64))
+          + write_stream(0, b"y" * 200)
+          + framed(b"OKAY", 3, 1, u32(128))
+          + framed(b"WRTE", 3, 1, b"z" * 100)
+          + framed(b"CLSE", 3, 1) + framed(b"CLSE", 0, 1))
+    # A device that restarts (a second CNXN), then sends AUTH and STLS.
+    write(t, "second-cnxn-auth-stls", bytes([HOST_ADAPTIVE, DEVICE_1M_DELAYED_ACK])
+          + host_open(0) + reverse("tcp:1", "tcp:1")
+          + device(b"CNXN", 0x01000001, 4096, OXADBD_BANNER)
+          + device(b"OPEN", 3, 0, b"tcp:1\0")
+          + device(b"AUTH", 1, 0, bytes(range(20)))
+          + device(b"STLS", 0x01000000, 0))
+    # Protocol 1.0: payloads checksummed.
+    write(t, "v1-checksummed", bytes([HOST_CLASSIC, DEVICE_4K_V1_CHECKSUMMED])
+          + host_open(0)
+          + device(b"OKAY", 9, 1)
+          + device(b"WRTE", 9, 1, b"checksummed", checksum=True)
+          + read_stream(0)
+          + device(b"WRTE", 9, 1, b"wrong sum"))
+    # Classic: a second WRTE before the host's OKAY; burst: beyond credit.
+    write(t, "wrte-beyond-credit", bytes([HOST_CLASSIC | 0x04, DEVICE_64_CLASSIC])
+          + host_open(0) + device(b"OKAY", 9, 1)
+          + device(b"WRTE", 9, 1, b"a" * 64) + device(b"WRTE", 9, 1, b"b"))
+    write(t, "burst-beyond-credit", bytes([HOST_ADAPTIVE | 0x40, DEVICE_1M_DELAYED_ACK])
+          + host_open(0) + device(b"OKAY", 9, 1, u32(0))
+          + device(b"WRTE", 9, 1, b"a" * 1500))
+    # A stream whose data waits for credit until the stall timer closes it.
+    write(t, "stalled-stream", bytes([HOST_CLASSIC | HOST_STALL_TIMEOUT, DEVICE_64_CLASSIC])
+          + host_open(0) + device(b"OKAY", 9, 1)
+          + write_stream(0, b"s" * 100) + wait(50) + wait(60))
+    # Streams the device may open at most: three.
+    write(t, "max-streams", bytes([HOST_CLASSIC | 0x10, DEVICE_64_CLASSIC])
+          + reverse("tcp:1", "tcp:8080")
+          + b"".join(device(b"OPEN", i, 0, b"tcp:8080\0") for i in range(20, 25)))
+    write(t, "unknown-stream", bytes([HOST_CLASSIC, DEVICE_64_CLASSIC])
+          + device(b"OKAY", 5, 77))
+    write(t, "bad-magic", bytes([HOST_CLASSIC, DEVICE_64_CLASSIC])
+          + device(b"OKAY", 1, 2)[:-4] + b"\0\0\0\0")
+
+
+# ---- sync_client: the host's sync session reading a device's replies -------
+#
+# A byte of options (bits: STA2/LST2, LIS2, SND2/RCV2, RECV ahead of the STAT
+# reply, then the end of the stream), a count of requests, the requests, a
+# byte choosing chunk sizes (0: all at once), then the replies.
+
+V1, STAT2, LS2, SENDRECV2, AHEAD, EOF = 0, 1, 2, 4, 8, 0x10
+V2 = STAT2 | LS2 | SENDRECV2
+# Paths in the target: 0 /data/local/tmp/f, 1 /sdcard, 2 /x, 3 "", 4 at the
+# limit, 5 past it.
+LSTAT, STAT_, LIST_, PUSH, STAT_FOR_PULL, PULL, PULL_ABANDONED, QUIT_ = range(8)
+DROP_AHEAD = 0x87
+
+
+def sync_op(kind, path=2, high=0):
+    return bytes([kind | path << 3 | high << 6])
+
+
+def sync_push(data, path=2, symlink=False, dry_run=False):
+    high = (1 if symlink else 0) | (2 if dry_run else 0)
+    return sync_op(PUSH, path, high) + bytes([len(data)]) + data
+
+
+def session(options, requests, replies, sizes=0):
+    return bytes([options, len(requests)]) + b"".join(requests) + bytes([sizes]) + replies
+
+
+def fail(message, length=None):
+    return b"FAIL" + u32(len(message) if length is None else length) + message
+
+
+def dent_v1(mode, size, mtime, name, length=None):
+    return b"DENT" + u32(mode, size, mtime, len(name) if length is None else length) + name
+
+
+def dent_v2(name, error=0, mode=0o100644):
+    return stat_v2(b"DNT2", error=error, mode=mode) + u32(len(name)) + name
+
+
+def sync_clients():
+    t = "sync_client"
+    write(t, "v2-stat-list-push-pull", session(V2 | AHEAD, [
+        sync_op(LSTAT), sync_op(STAT_), sync_op(LIST_, 1), sync_push(b"hello"),
+        sync_op(STAT_FOR_PULL, 0), sync_op(PULL, 0), sync_op(QUIT_)],
+        stat_v2(b"LST2", mode=0o120777) + stat_v2(b"STA2")
+        + dent_v2(b".", mode=0o40755) + dent_v2(b"..", mode=0o40755)
+        + dent_v2(b"a.txt") + dent_v2(b"gone", error=2) + b"DONE" + bytes(72)
+        + b"OKAY" + u32(0)
+        + stat_v2(b"STA2", size=3) + data(b"abc") + data(b"") + done(0)))
+    # Odd names a device may send: adb lists them as they come.
+    write(t, "v2-listing-odd-names", session(V2, [sync_op(LIST_, 3)],
+          dent_v2(b"") + dent_v2(b"a/b") + dent_v2(b"../../etc") + dent_v2(b"x\0y")
+          + dent_v2(b"n" * 300) + b"DONE" + bytes(72), sizes=0x35))
+    write(t, "v1-listing-odd-names", session(V1, [sync_op(LIST_)],
+          dent_v1(0o40755, 4096, 1700000000, b".") + dent_v1(0o40755, 4096, 0, b"..")
+          + dent_v1(0o100644, 5, 0, b"") + dent_v1(0o100644, 5, 0, b"a/b")
+          + dent_v1(0o100644, 5, 0, b"x\0y") + b"DONE" + bytes(16), sizes=0x01))
+    write(t, "v1-name-too-long", session(V1, [sync_op(LIST_)],
+          dent_v1(0o100644, 5, 0, b"n" * 16, length=4097)))
+    # Without STA2 a symlink is asked about again, as "path/".
+    write(t, "v1-stat-symlink", session(V1, [sync_op(STAT_), sync_op(LSTAT)],
+          b"STAT" + u32(0o120777, 9, 7) + b"STAT" + u32(0o40755, 4096, 7)
+          + b"STAT" + u32(0, 0, 0), sizes=0x07))
+    write(t, "v1-stat-symlink-at-limit", session(V1, [sync_op(STAT_, 4)],
+          b"STAT" + u32(0o120777, 9, 7)))
+    write(t, "v2-lstat-enoent", session(V2, [sync_op(LSTAT, 5), sync_op(LSTAT)],
+          stat_v2(b"LST2", error=2, mode=0, size=0)))
+    write(t, "v1-push-fail-then-requests", session(V1, [
+        sync_push(b"data", symlink=True), sync_push(b"more"), sync_op(LSTAT)],
+        fail(b"couldn't create file: Read-only file system") + b"OKAY" + u32(0)))
+    write(t, "v1-pull", session(V1, [sync_op(PULL, 0)],
+          data(b"x" * 300) + data(b"y" * 5) + done(0), sizes=0x21))
+    # A FAIL announcing 4 GiB: an error at its header, for a push and a pull.
+    write(t, "push-fail-4gib", session(V2, [sync_push(b"")],
+          fail(b"short", length=0xFFFFFFFF)))
+    write(t, "pull-fail-4gib", session(V2, [sync_op(PULL)],
+          fail(b"short", length=0xFFFFFFFF)))
+    write(t, "pull-fail-over-limit", session(V1, [sync_op(PULL)],
+          fail(b"", length=65537) + b"x" * 64))
+    write(t, "pull-data-over-limit", session(V1, [sync_op(PULL)],
+          b"DATA" + u32(65537) + b"x" * 64))
+    write(t, "pull-fail", session(V2 | EOF, [sync_op(PULL, 1, 3)],
+          data(b"part") + fail(b"open failed: Permission denied")))
+    write(t, "okay-with-length", session(V2, [sync_push(b"a")], b"OKAY" + u32(5)))
+    # The RECV went ahead: pulled, pulled as another path, given up.
+    write(t, "recv-ahead", session(V2 | AHEAD, [
+        sync_op(STAT_FOR_PULL), sync_op(PULL)],
+        stat_v2(b"STA2", size=2) + data(b"hi") + done(0)))
+    write(t, "recv-ahead-other-path", session(V2 | AHEAD, [
+        sync_op(STAT_FOR_PULL), sync_op(PULL, 1), sync_op(LSTAT)],
+        stat_v2(b"STA2")))
+    write(t, "recv-ahead-dropped", session(V2 | AHEAD, [
+        sync_op(STAT_FOR_PULL), sync_op(PULL_ABANDONED), bytes([DROP_AHEAD])],
+        stat_v2(b"STA2")))
+    write(t, "dry-run-v1", session(V1, [sync_push(b"", dry_run=True)], b""))
+    # The stream ends in the middle of a reply.
+    write(t, "eof-mid-reply", session(V2 | EOF, [sync_op(STAT_)], stat_v2(b"STA2")[:40]))
+    write(t, "reply-to-something-else", session(V2, [sync_op(LSTAT)], stat_v2(b"STA2")))
+    write(t, "replies-nobody-asked-for", session(V2, [], b"OKAY" + u32(0) + done(0)))
+
+
+# ---- shell_output: the device's side of a shell v2 stream -------------------
+
+
+def shell_outputs():
+    t = "shell_output"
+    # Control byte: low nibble + 1 = bytes per read.
+    write(t, "stdout-stderr-exit", bytes([0x00]) + frame(STDOUT, b"total 0\n")
+          + frame(STDERR, b"ls: /x: No such file or directory\n") + frame(EXIT, b"\x01"))
+    write(t, "exit-empty", bytes([0x02]) + frame(STDOUT, b"out") + frame(EXIT, b""))
+    write(t, "exit-two-bytes", bytes([0x03]) + frame(EXIT, b"\x00\x00"))
+    write(t, "after-exit", bytes([0x01]) + frame(EXIT, b"\x00") + frame(STDOUT, b"late"))
+    write(t, "host-kinds-and-unknown-ids", bytes([0x0F]) + frame(STDIN, b"echoed?")
+          + frame(CLOSE_STDIN, b"") + frame(WINDOW, b"24x80,0x0") + frame(9, b"future")
+          + frame(255, b"") + frame(STDOUT, b"") + frame(EXIT, b"\x7f"))
+    write(t, "huge-length", bytes([0x04]) + frame(STDOUT, b"a") + bytes([STDERR]) + u32(0xFFFFFFFF))
+    write(t, "length-at-limit", bytes([0x00]) + bytes([STDOUT]) + u32(16 * 1024 * 1024) + b"abc")
+    write(t, "length-over-limit", bytes([0x00]) + bytes([STDOUT]) + u32(16 * 1024 * 1024 + 1))
+    write(t, "partial-frame", bytes([0x05]) + frame(STDOUT, b"whole") + bytes([STDOUT]) + u32(10) + b"part")
+
+
 if __name__ == "__main__":
     packets()
     banners()
@@ -310,3 +583,6 @@ if __name__ == "__main__":
     services()
     smart_sockets()
     deltas()
+    host_connections()
+    sync_clients()
+    shell_outputs()

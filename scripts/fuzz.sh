@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the wire parsers with cargo-fuzz (libFuzzer): bash scripts/fuzz.sh
+# Fuzzes the parsers of what a peer sends with cargo-fuzz (libFuzzer): the wire
+# formats, and the host's reading of a device (connection engine, sync client,
+# shell output): bash scripts/fuzz.sh
 #
 # Builds the targets of fuzz/ (docs/fuzzing.md says what each asserts) and runs
 # each for FUZZ_SECONDS over a copy of its committed seed corpus (fuzz/corpus/
@@ -34,7 +36,7 @@ BUILD_DIR="${REPO}/target/fuzz"
 RUNS="${REPO}/target/fuzz-runs"
 TRIPLE="x86_64-unknown-linux-gnu"
 SECONDS_EACH="${FUZZ_SECONDS:-60}"
-TARGETS="${FUZZ_TARGETS:-packet_header banner sync_request shell_frame service smart_socket delta_message}"
+TARGETS="${FUZZ_TARGETS:-packet_header banner sync_request shell_frame service smart_socket delta_message host_connection sync_client shell_output}"
 JOBS="${FUZZ_JOBS:-$(nproc)}"
 [ "${JOBS}" -le 4 ] || JOBS=4
 
@@ -43,6 +45,11 @@ JOBS="${FUZZ_JOBS:-$(nproc)}"
 max_len() {
     case "$1" in
         packet_header | banner) echo 8192 ;;
+        # Requests, then a listing entry with the longest name a host takes
+        # (4096 bytes) arriving whole.
+        sync_client) echo 8192 ;;
+        # Dozens of packets and host actions; many shell frames.
+        host_connection | shell_output) echo 4096 ;;
         *) echo 4096 ;;
     esac
 }
@@ -120,11 +127,11 @@ for target in ${TARGETS}; do
     done_line="$(grep -E '^#[0-9]+[[:space:]]+DONE' "${dir}/log" | tail -n 1 || true)"
     artifacts=("${dir}"/artifacts/*)
     if [ "${rc}" = 0 ] && [ -n "${done_line}" ] && [ ! -e "${artifacts[0]}" ]; then
-        printf '%-14s ok   %s\n' "${target}" "${done_line}"
+        printf '%-15s ok   %s\n' "${target}" "${done_line}"
         continue
     fi
     FAILED+=("${target}")
-    printf '\n%-14s FAILED (exit %s); the end of %s:\n' "${target}" "${rc}" "${dir}/log" >&2
+    printf '\n%-15s FAILED (exit %s); the end of %s:\n' "${target}" "${rc}" "${dir}/log" >&2
     grep -E -A 4 "panicked at|ERROR: libFuzzer|ERROR: AddressSanitizer" "${dir}/log" | head -n 20 >&2 || true
     tail -n 5 "${dir}/log" >&2
     for artifact in "${artifacts[@]}"; do
@@ -142,5 +149,5 @@ for target in ${TARGETS}; do
     done
 done
 
-[ "${#FAILED[@]}" -eq 0 ] || die "fuzz target(s) ${FAILED[*]} failed: fix the bug, add a unit test in crates/wire, and move the input into fuzz/corpus/<target>/"
+[ "${#FAILED[@]}" -eq 0 ] || die "fuzz target(s) ${FAILED[*]} failed: fix the bug, add a unit test beside the code at fault, and move the input into fuzz/corpus/<target>/regress-<what>"
 echo "all ${TARGETS// /, } ran clean"

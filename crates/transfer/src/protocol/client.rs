@@ -227,6 +227,14 @@ impl Client {
         self.eof = true;
     }
 
+    /// Bytes received and not read yet. Once [`Client::poll_event`] returns
+    /// `Ok(None)` while a reply is owed, they are less than one reply frame
+    /// (the longest: a `FAIL` with a message of `SYNC_DATA_MAX` bytes); a
+    /// `DATA` payload is handed on as it arrives, never held whole.
+    pub fn buffered(&self) -> usize {
+        self.inbox.len()
+    }
+
     /// The next bytes to write.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.outbox.poll()

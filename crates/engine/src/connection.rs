@@ -1351,6 +1351,11 @@ impl Connection {
                     "ignoring CLSE with a mismatched remote id"
                 );
             }
+            // Its CLSE came already and was answered; adbd removes the
+            // socket at the first (AOSP `sockets.cpp`), so another is noise.
+            _ if stream.state.peer_closed() => {
+                peer_warn!(self, local_id, "ignoring a second CLSE");
+            }
             _ => {
                 stream.outgoing.clear();
                 // Nothing waits for credit now: the stall timer must not

@@ -462,6 +462,33 @@ fn peer_close_keeps_buffered_data_then_eof() {
     assert_eq!(pair.device.stream_ids().count(), 0);
 }
 
+/// A peer repeating its CLSE gets neither another CLSE nor another
+/// `Closed` (adbd removes the socket at the first).
+#[test]
+fn a_second_clse_is_ignored() {
+    let mut pair = Pair::new(config(Role::Host, true), config(Role::Device, true));
+    let (host_id, device_id) = pair.open("shell:");
+    pair.device.write(device_id, b"unread").unwrap();
+    pair.drive();
+    let clse = Packet::new(Command::Clse, device_id.0, host_id.0, Bytes::new());
+    for round in 0..3 {
+        deliver(&mut pair.host, &pair.device, &clse).unwrap();
+        let events: Vec<Event> = std::iter::from_fn(|| pair.host.poll_event()).collect();
+        let answers: Vec<Packet> = std::iter::from_fn(|| pair.host.poll_transmit()).collect();
+        let closed = events
+            .iter()
+            .filter(|e| **e == Event::Closed(host_id))
+            .count();
+        let clses = answers
+            .iter()
+            .filter(|p| p.command == Command::Clse)
+            .count();
+        assert_eq!((closed, clses), if round == 0 { (1, 1) } else { (0, 0) });
+    }
+    assert_eq!(read_all(&mut pair.host, host_id), b"unread");
+    assert_eq!(pair.host.read(host_id, 10).unwrap(), Read::Eof);
+}
+
 #[test]
 fn late_packets_for_closed_streams_are_ignored() {
     let mut pair = Pair::new(config(Role::Host, false), config(Role::Device, false));

@@ -21,6 +21,9 @@ pub const HEADER_LEN: usize = 5;
 /// (`MAX_PAYLOAD`); anything far beyond that is a broken or hostile peer.
 pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 
+/// Most a decoder reserves for a frame not yet arrived: adb's largest.
+const RESERVE_AHEAD: usize = crate::MAX_PAYLOAD as usize;
+
 /// Errors from this module.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShellWireError {
@@ -170,8 +173,11 @@ impl FrameDecoder {
             });
         }
         if self.buf.len() < HEADER_LEN + len {
-            // Make room for the rest of this frame in one go.
-            self.buf.reserve(HEADER_LEN + len - self.buf.len());
+            // Room for the rest of this frame in one go, up to the frame adb
+            // sends (`shell_protocol.h` kBufferSize, 1 MiB): a header that
+            // announces 16 MiB gets its memory only as its bytes arrive.
+            let rest = HEADER_LEN + len - self.buf.len();
+            self.buf.reserve(rest.min(RESERVE_AHEAD));
             return Ok(None);
         }
         let id = FrameId::from_u8(self.buf[0]);

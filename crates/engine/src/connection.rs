@@ -23,9 +23,12 @@ use crate::credit::{
 };
 use crate::send_queue::SendQueue;
 
+mod pacing;
 mod reverse_forwards;
 mod timers;
 
+use pacing::MisbehaviourPace;
+pub use pacing::{MISBEHAVIOUR_BURST, MISBEHAVIOUR_PER_SECOND};
 use reverse_forwards::ReverseForwards;
 
 /// Logs a peer's misbehaviour that does not end the connection: at WARN the
@@ -36,6 +39,7 @@ use reverse_forwards::ReverseForwards;
 macro_rules! peer_warn {
     ($connection:expr, $($arg:tt)+) => {{
         $connection.complaints += 1;
+        $connection.pace.note($connection.now_ns);
         if worth_a_warning($connection.complaints) {
             tracing::warn!(complaints = $connection.complaints, $($arg)+);
         } else {
@@ -585,6 +589,8 @@ pub struct Connection {
     auth_challenges: u32,
     /// Misbehaviour of the peer logged so far (see `peer_warn!`).
     complaints: u64,
+    /// How fast more of it is read (`pacing.rs`).
+    pace: MisbehaviourPace,
     /// The driver's clock (ns since an arbitrary start), for round trips and
     /// rates; set with [`Connection::set_time`]. A simulator passes virtual time.
     now_ns: u64,
@@ -613,6 +619,7 @@ impl Connection {
             abandoned_opens: HashSet::new(),
             auth_challenges: 0,
             complaints: 0,
+            pace: MisbehaviourPace::default(),
             now_ns: 0,
             late_stls: false,
             handshake_completed: false,
@@ -650,6 +657,13 @@ impl Connection {
             Handshake::Online(peer) => Some(peer),
             _ => None,
         }
+    }
+
+    /// When the driver may read this connection again, on the clock
+    /// [`Connection::set_time`] reads, if the peer misbehaved past its
+    /// burst and must wait (`pacing.rs`); `None`: read on.
+    pub fn reading_paused_until(&self) -> Option<std::time::Duration> {
+        self.pace.paused_until(self.now_ns)
     }
 
     pub fn is_online(&self) -> bool {
@@ -1335,6 +1349,16 @@ impl Connection {
     fn on_clse(&mut self, header: &Header) {
         let (remote_id, local_id) = (header.arg0, header.arg1);
         let Some(stream) = self.streams.get_mut(&local_id) else {
+            // A stream that is gone may see a late CLSE (both sides closing
+            // at once); one that never existed is the peer's invention.
+            if !self.was_allocated(local_id) {
+                peer_warn!(
+                    self,
+                    local_id,
+                    remote_id,
+                    "ignoring CLSE for a stream never opened"
+                );
+            }
             return;
         };
         // CLSE(0, id) refuses our OPEN; otherwise the remote id must match.

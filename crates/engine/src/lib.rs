@@ -20,7 +20,8 @@ pub use budget::{BudgetLimits, Holding, MemoryBudget, Pressure, MIN_PACKET};
 pub use connection::{
     host_supports_tls, worth_a_warning, AuthReply, Config, Connection, Event, HandshakeStage,
     Outgoing, Peer, ProtocolError, Read, Role, StreamError, StreamId, StreamStats, Tls,
-    AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN, DEFAULT_MAX_STREAMS, STLS_VERSION,
+    AUTH_RSAPUBLICKEY, AUTH_SIGNATURE, AUTH_TOKEN, DEFAULT_MAX_STREAMS, MISBEHAVIOUR_BURST,
+    MISBEHAVIOUR_PER_SECOND, STLS_VERSION,
 };
 pub use credit::{CreditMode, CreditPolicy, AOSP_INITIAL_CREDIT, MAX_ADAPTIVE_WINDOW};
 pub use recent_samples::RecentSamples;

@@ -462,6 +462,33 @@ fn peer_close_keeps_buffered_data_then_eof() {
     assert_eq!(pair.device.stream_ids().count(), 0);
 }
 
+/// A device that keeps opening what nobody asked for is read at a pace
+/// past its burst; a well-behaved one never is.
+#[test]
+fn a_flood_of_refused_opens_pauses_reading_past_its_burst() {
+    let mut pair = Pair::new(config(Role::Host, false), config(Role::Device, false));
+    pair.host.set_time(Duration::from_secs(1));
+    let (_, device_id) = pair.open("shell:");
+    pair.device.write(device_id, &pattern(1 << 20)).unwrap();
+    pair.drive();
+    assert_eq!(pair.host.reading_paused_until(), None, "ordinary traffic");
+    let open = |id: u32| Packet::new(Command::Open, id, 0, &b"tcp:1\0"[..]);
+    for id in 0..MISBEHAVIOUR_BURST as u32 {
+        deliver(&mut pair.host, &pair.device, &open(1000 + id)).unwrap();
+    }
+    assert_eq!(pair.host.reading_paused_until(), None, "the burst");
+    for id in 0..MISBEHAVIOUR_PER_SECOND as u32 {
+        deliver(&mut pair.host, &pair.device, &open(5000 + id)).unwrap();
+    }
+    let until = pair.host.reading_paused_until().expect("paced");
+    assert!(
+        until > Duration::from_millis(1990) && until <= Duration::from_secs(2),
+        "{until:?}"
+    );
+    pair.host.set_time(until);
+    assert_eq!(pair.host.reading_paused_until(), None);
+}
+
 /// A peer repeating its CLSE gets neither another CLSE nor another
 /// `Closed` (adbd removes the socket at the first).
 #[test]

@@ -255,6 +255,10 @@ pub(crate) async fn timer_loop(shared: Arc<Shared>) {
 /// more than any well-behaved peer causes (one OKAY per WRTE in flight).
 const MAX_CONTROL_BACKLOG: usize = 4096;
 
+/// Packets handled from one read after which the reader yields: far more
+/// than a read of a bulk transfer brings (a few packets of up to 1 MiB).
+const YIELD_AFTER_PACKETS: usize = 64;
+
 /// Smallest read into the receive buffer: many small packets (OKAYs, 28
 /// bytes) arrive in one syscall, and a payload at least this large is read
 /// straight into place. An idle connection keeps this much, charged to the
@@ -279,12 +283,13 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
         // Every complete packet already read is handled under one lock: the
         // stream tasks and the writer contend for it, and a read often brings
         // several packets (a WRTE and OKAYs, or many OKAYs).
-        let (need, backlogged) = {
+        let (need, backlogged, paused_until, packets) = {
             let mut state = shared.lock();
             if state.closed.is_some() {
                 return ConnectionError::Closed;
             }
             let mut handled = false;
+            let mut packets = 0usize;
             let need = loop {
                 if buf.len() < HEADER_LEN {
                     break HEADER_LEN;
@@ -305,12 +310,32 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
                     return error.into();
                 }
                 handled = true;
+                packets += 1;
             };
             if handled {
                 shared.after_engine_call(&mut state);
             }
-            (need, state.engine.control_backlog() > MAX_CONTROL_BACKLOG)
+            (
+                need,
+                state.engine.control_backlog() > MAX_CONTROL_BACKLOG,
+                state.engine.reading_paused_until(),
+                packets,
+            )
         };
+        // A peer that keeps sending what is refused or ignored is read at
+        // the engine's pace for it (its burst, then 1024 a second): it waits
+        // on TCP's back-pressure instead of taking the thread
+        // (oxadb-engine `connection/pacing.rs`).
+        if let Some(until) = paused_until {
+            tokio::time::sleep_until((shared.epoch + until).into()).await;
+        }
+        // A read that brought many packets gives the thread up once, so
+        // that a peer whose socket never runs dry (a flood of small packets,
+        // 3,000 to a 64 KiB read) cannot keep its task running for a whole
+        // scheduler budget while other connections wait.
+        if packets >= YIELD_AFTER_PACKETS {
+            tokio::task::yield_now().await;
+        }
         // Every packet we read may owe the peer an answer (an OKAY, a CLSE);
         // a peer that sends without reading would grow that queue without
         // limit (4.4 million refused OPENs: 224 MiB). Read on once it drains.

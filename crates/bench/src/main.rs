@@ -20,8 +20,10 @@ mod emulated;
 mod emulated_report;
 mod emulator;
 mod forward_loopback;
+mod hostile;
 mod memory;
 mod receive_paths;
+mod server_neighbours;
 mod shell_latency;
 mod simulate;
 mod splice_relay;
@@ -115,6 +117,11 @@ enum Bench {
     /// emulated link: time, bytes on the wire, device CPU (docs/delta.md).
     /// Installs openssh-server, rsync and bmap-tools when missing.
     Delta(delta::DeltaArgs),
+    /// Pushes and pulls through `oxadb server` to oxadbd on loopback, alone
+    /// and with misbehaving devices connected to the same server (OPEN and
+    /// stray-packet floods, reconnection loops, WRTE beyond credit): the
+    /// good device's throughput ratio, the server's CPU time and memory.
+    ServerNeighbours(server_neighbours::ServerNeighboursArgs),
 }
 
 #[derive(Parser)]
@@ -202,6 +209,7 @@ fn main() -> Result<()> {
         Bench::ForwardLoopback(args) => forward_loopback::forward_loopback(args),
         Bench::ShellLatency(args) => shell_latency::shell_latency(args),
         Bench::Delta(args) => delta::delta(args),
+        Bench::ServerNeighbours(args) => server_neighbours::server_neighbours(args),
     }
 }
 
